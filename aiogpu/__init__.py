@@ -1,0 +1,42 @@
+"""aiogpu: await CUDA events and streams from asyncio, uvloop and trio.
+
+``import aiogpu`` is inert: it calls no driver function and starts no thread; the driver is
+initialized when the first :class:`Device` is created.
+"""
+
+from __future__ import annotations
+
+from ._device import Device as Device
+from ._errors import AiogpuError as AiogpuError
+from ._errors import ClosedResourceError as ClosedResourceError
+from ._errors import CudaError as CudaError
+from ._errors import CudaUnavailableError as CudaUnavailableError
+from ._errors import EventStateError as EventStateError
+from ._event import Event as Event
+from ._event import IpcEventHandle as IpcEventHandle
+from ._stream import Stream as Stream
+from ._version import __version__ as __version__
+from ._wait import WaitStrategy as WaitStrategy
+from ._wait import get_default_wait_strategy as get_default_wait_strategy
+from ._wait import set_default_wait_strategy as set_default_wait_strategy
+
+__all__ = (
+    "AiogpuError",
+    "ClosedResourceError",
+    "CudaError",
+    "CudaUnavailableError",
+    "Device",
+    "Event",
+    "EventStateError",
+    "IpcEventHandle",
+    "Stream",
+    "WaitStrategy",
+    "get_default_wait_strategy",
+    "set_default_wait_strategy",
+)
+
+# Public path in reprs, tracebacks and pickles (``aiogpu.Event``, not ``aiogpu._event.Event``).
+for _name in __all__:
+    if _name != "WaitStrategy":
+        globals()[_name].__module__ = __name__
+del _name

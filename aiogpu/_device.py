@@ -1,0 +1,184 @@
+"""Device: one CUDA device and its primary context.
+
+The primary context is the one the CUDA runtime, torch, CuPy and cuda.core share, so objects
+made by aiogpu and by those libraries interoperate. One ``Device`` object exists per driver
+and ordinal while anything refers to it; it retains the primary context for as long as it
+lives and releases it when collected. aiogpu never leaves its context current behind the
+user's back: creation calls push it and pop it again (see :meth:`Device._activated`).
+"""
+
+from __future__ import annotations
+
+import operator
+import threading
+import weakref
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, final
+
+from . import _driver
+from ._errors import AiogpuError, CudaUnavailableError
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from ._driver import Driver
+    from ._event import Event
+    from ._stream import Stream
+
+_devices_lock = threading.Lock()
+_devices: weakref.WeakValueDictionary[tuple[int, int], Device] = weakref.WeakValueDictionary()
+
+
+def _release_quietly(driver: Driver, ordinal: int) -> None:
+    try:
+        driver.primary_context_release(ordinal)
+    except (AiogpuError, RuntimeError):  # interpreter shutdown, lost context
+        pass
+
+
+def check_ordinal(ordinal: object) -> int:
+    """``ordinal`` as an ``int``, or a ``TypeError`` naming what was passed."""
+    if isinstance(ordinal, bool):
+        raise TypeError(f"device ordinal must be an int, got {ordinal!r}")
+    try:
+        return operator.index(ordinal)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"device ordinal must be an int, got {ordinal!r} ({type(ordinal).__name__})") from None
+
+
+@final
+class Device:
+    """A CUDA device, by ordinal, with its primary context retained.
+
+    ``Device(0) is Device(0)``: one object per device (and driver). Creating it initializes
+    the driver; ``import aiogpu`` alone never does.
+
+    Args:
+        ordinal: The device number, as CUDA counts them (after ``CUDA_VISIBLE_DEVICES``).
+        driver: The driver to use. The default is the real CUDA driver, unless a test installed
+            a simulated one (:meth:`aiogpu.testing.SimulatedDriver.installed`).
+
+    Raises:
+        TypeError: ``ordinal`` is not an int.
+        ValueError: No device has that ordinal.
+        CudaUnavailableError: There is no NVIDIA driver or no device.
+    """
+
+    __slots__ = ("__weakref__", "_context", "_default_stream", "_driver", "_name", "_ordinal")
+
+    _driver: Driver
+    _ordinal: int
+    _context: int
+    _name: str
+    _default_stream: Stream | None
+
+    def __new__(cls, ordinal: int = 0, *, driver: Driver | None = None) -> Device:
+        ordinal = check_ordinal(ordinal)
+        if driver is None:
+            driver = _driver.default_driver()
+        key = (id(driver), ordinal)
+        with _devices_lock:
+            device = _devices.get(key)
+            if device is None:
+                device = cls._open(driver, ordinal)
+                _devices[key] = device
+        return device
+
+    @classmethod
+    def _open(cls, driver: Driver, ordinal: int) -> Device:
+        driver.init()
+        count = driver.device_count()
+        if count == 0:
+            raise CudaUnavailableError("the CUDA driver reports no devices: check nvidia-smi and CUDA_VISIBLE_DEVICES")
+        if not 0 <= ordinal < count:
+            raise ValueError(
+                f"device ordinal {ordinal} is out of range: this machine has {count} CUDA "
+                f"device{'s' if count > 1 else ''} (valid ordinals: 0 to {count - 1})"
+            )
+        self = object.__new__(cls)
+        self._driver = driver
+        self._ordinal = ordinal
+        self._name = driver.device_name(ordinal)
+        self._context = driver.primary_context_retain(ordinal)
+        self._default_stream = None
+        weakref.finalize(self, _release_quietly, driver, ordinal)
+        return self
+
+    @staticmethod
+    def count(*, driver: Driver | None = None) -> int:
+        """How many CUDA devices this process can see (0 if there is no driver or device)."""
+        driver = driver or _driver.default_driver()
+        try:
+            driver.init()
+            return driver.device_count()
+        except CudaUnavailableError:
+            return 0
+
+    @property
+    def ordinal(self) -> int:
+        """The device number."""
+        return self._ordinal
+
+    @property
+    def name(self) -> str:
+        """The device's marketing name, for example ``"NVIDIA H100 80GB HBM3"``."""
+        return self._name
+
+    @property
+    def driver_name(self) -> str:
+        """``"cuda"`` for the real driver, ``"simulated"`` for ``aiogpu.testing``'s."""
+        return self._driver.name
+
+    @property
+    def default_stream(self) -> Stream:
+        """The device's legacy default stream (the one torch and CuPy use unless told otherwise)."""
+        if self._default_stream is None or self._default_stream.is_closed:
+            from ._stream import Stream
+
+            self._default_stream = Stream._borrow(self, 0, owner=None)
+        return self._default_stream
+
+    @property
+    def stream_priority_range(self) -> tuple[int, int]:
+        """``(lowest, highest)`` stream priorities; numerically *lower* is a higher priority."""
+        with self._activated():
+            return self._driver.stream_priority_range()
+
+    def set_current(self) -> None:
+        """Make this device's primary context current on the calling thread (``cuCtxSetCurrent``).
+
+        aiogpu does not need this — it makes its context current wherever it has to — but
+        code that mixes in raw driver calls may.
+        """
+        self._driver.context_set_current(self._context)
+
+    def create_stream(self, *, priority: int | None = None, nonblocking: bool = False) -> Stream:
+        """A new stream on this device; see :class:`aiogpu.Stream`."""
+        from ._stream import Stream
+
+        return Stream(self, priority=priority, nonblocking=nonblocking)
+
+    def create_event(self, *, timing: bool = False, blocking_sync: bool = False, interprocess: bool = False) -> Event:
+        """A new, unrecorded event on this device; see :class:`aiogpu.Event`."""
+        from ._event import Event
+
+        return Event(self, timing=timing, blocking_sync=blocking_sync, interprocess=interprocess)
+
+    @contextmanager
+    def _activated(self) -> Iterator[None]:
+        """Make the primary context current for the block, restoring what was current before."""
+        driver = self._driver
+        if driver.context_get_current() == self._context:
+            yield
+            return
+        driver.context_push(self._context)
+        try:
+            yield
+        finally:
+            driver.context_pop()
+
+    def __repr__(self) -> str:
+        return f"<aiogpu.Device {self._ordinal} {self._name!r} driver={self._driver.name}>"
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (Device, (self._ordinal,))

@@ -1,0 +1,365 @@
+"""The one door to the CUDA driver.
+
+Rules this file keeps:
+
+1. It is the only module that imports ``cuda.bindings``; nothing above it sees a ``CUresult``.
+2. Every driver call goes through :func:`_check` (or, on the hot query paths, the same logic
+   inlined), which turns a failing ``CUresult`` into :class:`~aiogpu.CudaError` and a missing
+   driver library into :class:`~aiogpu.CudaUnavailableError`.
+3. ``CUDA_ERROR_NOT_READY`` from a query is the value ``False``, not an error.
+4. Handles cross the door as plain ``int`` addresses, so the simulated driver in
+   :mod:`aiogpu.testing` can stand in for :class:`CudaDriver` below this line unchanged.
+5. Importing this module calls no driver function: libcuda is loaded on the first call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import TYPE_CHECKING, Any, Protocol
+
+from cuda.bindings import driver as cu
+
+from . import _kernels
+from ._errors import STICKY_RESULTS, CudaError, CudaUnavailableError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+try:  # cuda-pathfinder names the "no libcuda" failure; older releases raise a bare RuntimeError
+    from cuda.pathfinder import DynamicLibNotFoundError as _NoDriverLibrary
+except ImportError:  # pragma: no cover - depends on the installed cuda-pathfinder
+    _NoDriverLibrary = RuntimeError
+
+# Flag values of the CUDA driver ABI, shared by every Driver implementation.
+EVENT_DEFAULT = 0
+EVENT_BLOCKING_SYNC = 1
+EVENT_DISABLE_TIMING = 2
+EVENT_INTERPROCESS = 4
+STREAM_DEFAULT = 0
+STREAM_NON_BLOCKING = 1
+#: The legacy default stream of the *current* context (``CU_STREAM_LEGACY`` and
+#: ``CU_STREAM_PER_THREAD`` are 1 and 2; all three resolve through the current context).
+DEFAULT_STREAM_HANDLES = frozenset({0, 1, 2})
+IPC_HANDLE_SIZE = 64
+
+_SUCCESS = cu.CUresult.CUDA_SUCCESS
+_NOT_READY = cu.CUresult.CUDA_ERROR_NOT_READY
+
+_HINTS = {
+    "CUDA_ERROR_NOT_INITIALIZED": (
+        "CUDA is not initialized in this process; in a child created by fork() after the "
+        "parent used CUDA it never will be: start children with the 'spawn' method"
+    ),
+    "CUDA_ERROR_INVALID_CONTEXT": "no CUDA context is current on this thread",
+    "CUDA_ERROR_NOT_SUPPORTED": "this device or driver does not support the operation",
+}
+_STICKY_HINT = (
+    "The CUDA context is no longer usable: every later CUDA call in this process fails; restart the process to use this GPU again"
+)
+
+
+class Driver(Protocol):
+    """What aiogpu needs from a CUDA driver; handles are ``int`` addresses.
+
+    :class:`CudaDriver` implements it on ``cuda.bindings``; ``aiogpu.testing.SimulatedDriver``
+    implements it in pure Python. Calls that create resources need the right context current
+    on the calling thread, as in CUDA; the layers above make sure of that.
+    """
+
+    @property
+    def name(self) -> str: ...
+    def init(self) -> None: ...
+    def device_count(self) -> int: ...
+    def device_name(self, ordinal: int) -> str: ...
+    def primary_context_retain(self, ordinal: int) -> int: ...
+    def primary_context_release(self, ordinal: int) -> None: ...
+    def context_get_current(self) -> int: ...
+    def context_set_current(self, context: int) -> None: ...
+    def context_push(self, context: int) -> None: ...
+    def context_pop(self) -> None: ...
+    def context_device(self, context: int) -> int: ...
+    def stream_priority_range(self) -> tuple[int, int]: ...
+    def stream_create(self, flags: int, priority: int) -> int: ...
+    def stream_destroy(self, stream: int) -> None: ...
+    def stream_context(self, stream: int) -> int: ...
+    def stream_priority(self, stream: int) -> int: ...
+    def stream_flags(self, stream: int) -> int: ...
+    def stream_query(self, stream: int) -> bool: ...
+    def stream_synchronize(self, stream: int) -> None: ...
+    def stream_wait_event(self, stream: int, event: int) -> None: ...
+    def event_create(self, flags: int) -> int: ...
+    def event_destroy(self, event: int) -> None: ...
+    def event_record(self, event: int, stream: int) -> None: ...
+    def event_query(self, event: int) -> bool: ...
+    def event_synchronize(self, event: int) -> None: ...
+    def event_elapsed_time(self, start: int, end: int) -> float: ...
+    def ipc_get_event_handle(self, event: int) -> bytes: ...
+    def ipc_open_event_handle(self, data: bytes) -> int: ...
+    # Test instruments (aiogpu.testing): hold a stream on a host-released latch, keep the
+    # device busy for a while, or make it fault.
+    def latch_create(self) -> int: ...
+    def latch_block(self, stream: int, latch: int) -> None: ...
+    def latch_release(self, latch: int) -> None: ...
+    def latch_destroy(self, latch: int) -> None: ...
+    def launch_spin(self, stream: int, seconds: float) -> None: ...
+    def launch_fault(self, stream: int) -> None: ...
+
+
+def result_name(result: int) -> str:
+    """The ``CUresult`` name of ``result``, without calling the driver."""
+    try:
+        return str(cu.CUresult(result).name)
+    except ValueError:
+        return f"CUresult({int(result)})"
+
+
+def result_code(name: str) -> int:
+    """The ``CUresult`` member called ``name`` (for example ``"CUDA_ERROR_ILLEGAL_ADDRESS"``)."""
+    member = getattr(cu.CUresult, name, None) if name.startswith("CUDA_") else None
+    if member is None:
+        raise ValueError(f"unknown CUresult name {name!r}; expected a name like 'CUDA_ERROR_ILLEGAL_ADDRESS'")
+    return member  # type: ignore[no-any-return]
+
+
+def cuda_error(result: int, func: str, explanation: str | None = None) -> CudaError:
+    """Build the :class:`CudaError` for ``result`` returned by driver function ``func``.
+
+    Used by every Driver implementation so that real and simulated errors read the same.
+    """
+    name = result_name(result)
+    if explanation is None:
+        explanation = _describe(result)
+    hint = _STICKY_HINT if name in STICKY_RESULTS else _HINTS.get(name, "")
+    try:
+        code: int = cu.CUresult(result)
+    except ValueError:
+        code = int(result)
+    return CudaError(code, name, func, explanation, hint)
+
+
+def _describe(result: int) -> str:
+    try:
+        err, text = cu.cuGetErrorString(cu.CUresult(result))
+    except (RuntimeError, ValueError):  # no driver library (simulated device), unknown value
+        return "no description available"
+    if err != _SUCCESS or text is None:
+        return "no description available"
+    return bytes(text).decode(errors="replace")
+
+
+def _no_driver(func: str, cause: BaseException) -> CudaUnavailableError:
+    return CudaUnavailableError(
+        f"{func}: no NVIDIA driver found ({cause}). Install the NVIDIA display driver to use a "
+        "GPU, or run without one on aiogpu.testing.SimulatedDriver()"
+    )
+
+
+def _check(func: Callable[..., Any], *args: Any) -> Any:
+    """Call a ``cuda.bindings`` driver function; return its values or raise ``CudaError``."""
+    try:
+        err, *values = func(*args)
+    except _NoDriverLibrary as exc:
+        raise _no_driver(func.__name__, exc) from None
+    if err != _SUCCESS:
+        raise cuda_error(err, func.__name__)
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+class CudaDriver:
+    """The real driver: ``cuda.bindings.driver`` behind the :class:`Driver` interface."""
+
+    name = "cuda"
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._initialized = False
+        self._functions: dict[tuple[int, str], Any] = {}  # (context, kernel name) -> CUfunction
+        self._latches: dict[int, int] = {}  # host pointer -> device pointer
+
+    def init(self) -> None:
+        if self._initialized:
+            return
+        try:
+            (err,) = cu.cuInit(0)
+        except _NoDriverLibrary as exc:
+            raise _no_driver("cuInit", exc) from None
+        if err != _SUCCESS:
+            name = result_name(err)
+            if name in ("CUDA_ERROR_NO_DEVICE", "CUDA_ERROR_INSUFFICIENT_DRIVER", "CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE"):
+                raise CudaUnavailableError(
+                    f"cuInit: {name}: {_describe(err)}. "
+                    + (
+                        "No CUDA device is visible: check nvidia-smi and CUDA_VISIBLE_DEVICES"
+                        if name == "CUDA_ERROR_NO_DEVICE"
+                        else f"The driver is older than cuda-bindings {cu.CUDA_VERSION // 1000}.x "
+                        "needs: upgrade the driver, or install aiogpu[cu12]"
+                    )
+                )
+            raise cuda_error(err, "cuInit")
+        self._initialized = True
+
+    # -- devices and contexts -------------------------------------------------------------
+    def device_count(self) -> int:
+        return int(_check(cu.cuDeviceGetCount))
+
+    def device_name(self, ordinal: int) -> str:
+        raw = _check(cu.cuDeviceGetName, 256, _check(cu.cuDeviceGet, ordinal))
+        return bytes(raw).split(b"\0", 1)[0].decode(errors="replace")
+
+    def primary_context_retain(self, ordinal: int) -> int:
+        return int(_check(cu.cuDevicePrimaryCtxRetain, _check(cu.cuDeviceGet, ordinal)))
+
+    def primary_context_release(self, ordinal: int) -> None:
+        _check(cu.cuDevicePrimaryCtxRelease, _check(cu.cuDeviceGet, ordinal))
+
+    def context_get_current(self) -> int:
+        return int(_check(cu.cuCtxGetCurrent))
+
+    def context_set_current(self, context: int) -> None:
+        _check(cu.cuCtxSetCurrent, context)
+
+    def context_push(self, context: int) -> None:
+        _check(cu.cuCtxPushCurrent, context)
+
+    def context_pop(self) -> None:
+        _check(cu.cuCtxPopCurrent)
+
+    def context_device(self, context: int) -> int:
+        self.context_push(context)
+        try:
+            return int(_check(cu.cuCtxGetDevice))
+        finally:
+            self.context_pop()
+
+    # -- streams ----------------------------------------------------------------------------
+    def stream_priority_range(self) -> tuple[int, int]:
+        least, greatest = _check(cu.cuCtxGetStreamPriorityRange)
+        return int(least), int(greatest)
+
+    def stream_create(self, flags: int, priority: int) -> int:
+        return int(_check(cu.cuStreamCreateWithPriority, flags, priority))
+
+    def stream_destroy(self, stream: int) -> None:
+        _check(cu.cuStreamDestroy, stream)
+
+    def stream_context(self, stream: int) -> int:
+        return int(_check(cu.cuStreamGetCtx, stream))
+
+    def stream_priority(self, stream: int) -> int:
+        return int(_check(cu.cuStreamGetPriority, stream))
+
+    def stream_flags(self, stream: int) -> int:
+        return int(_check(cu.cuStreamGetFlags, stream))
+
+    def stream_query(self, stream: int) -> bool:
+        (err,) = cu.cuStreamQuery(stream)
+        if err == _SUCCESS:
+            return True
+        if err == _NOT_READY:
+            return False
+        raise cuda_error(err, "cuStreamQuery")
+
+    def stream_synchronize(self, stream: int) -> None:
+        _check(cu.cuStreamSynchronize, stream)
+
+    def stream_wait_event(self, stream: int, event: int) -> None:
+        _check(cu.cuStreamWaitEvent, stream, event, 0)
+
+    # -- events -----------------------------------------------------------------------------
+    def event_create(self, flags: int) -> int:
+        return int(_check(cu.cuEventCreate, flags))
+
+    def event_destroy(self, event: int) -> None:
+        _check(cu.cuEventDestroy, event)
+
+    def event_record(self, event: int, stream: int) -> None:
+        _check(cu.cuEventRecord, event, stream)
+
+    def event_query(self, event: int) -> bool:
+        (err,) = cu.cuEventQuery(event)
+        if err == _SUCCESS:
+            return True
+        if err == _NOT_READY:
+            return False
+        raise cuda_error(err, "cuEventQuery")
+
+    def event_synchronize(self, event: int) -> None:
+        _check(cu.cuEventSynchronize, event)
+
+    def event_elapsed_time(self, start: int, end: int) -> float:
+        return float(_check(cu.cuEventElapsedTime, start, end))
+
+    def ipc_get_event_handle(self, event: int) -> bytes:
+        handle = _check(cu.cuIpcGetEventHandle, event)
+        return ctypes.string_at(handle.getPtr(), IPC_HANDLE_SIZE)
+
+    def ipc_open_event_handle(self, data: bytes) -> int:
+        buffer = ctypes.create_string_buffer(bytes(data), IPC_HANDLE_SIZE)
+        handle = cu.CUipcEventHandle(_ptr=ctypes.addressof(buffer))
+        return int(_check(cu.cuIpcOpenEventHandle, handle))
+
+    # -- test instruments -------------------------------------------------------------------
+    def latch_create(self) -> int:
+        flags = cu.CU_MEMHOSTALLOC_DEVICEMAP | cu.CU_MEMHOSTALLOC_PORTABLE
+        host = int(_check(cu.cuMemHostAlloc, 4, flags))
+        ctypes.c_uint32.from_address(host).value = 0
+        device = int(_check(cu.cuMemHostGetDevicePointer, host, 0))
+        with self._lock:
+            self._latches[host] = device
+        return host
+
+    def latch_block(self, stream: int, latch: int) -> None:
+        device = self._latches[latch]
+        flags = cu.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ
+        _check(cu.cuStreamWaitValue32, stream, device, 1, flags)
+
+    def latch_release(self, latch: int) -> None:
+        ctypes.c_uint32.from_address(latch).value = 1
+
+    def latch_destroy(self, latch: int) -> None:
+        with self._lock:
+            del self._latches[latch]
+        _check(cu.cuMemFreeHost, latch)
+
+    def launch_spin(self, stream: int, seconds: float) -> None:
+        params = ((int(seconds * 1e9),), (ctypes.c_uint64,))
+        self._launch(_kernels.SPIN_KERNEL, stream, params)
+
+    def launch_fault(self, stream: int) -> None:
+        self._launch(_kernels.FAULT_KERNEL, stream, ((0,), (ctypes.c_uint64,)))
+
+    def _launch(self, kernel: str, stream: int, params: tuple[tuple[int], tuple[type]]) -> None:
+        context = self.context_get_current()
+        key = (context, kernel)
+        with self._lock:
+            function = self._functions.get(key)
+            if function is None:
+                module = _check(cu.cuModuleLoadData, _kernels.PTX)
+                for name in (_kernels.SPIN_KERNEL, _kernels.FAULT_KERNEL):
+                    self._functions[(context, name)] = _check(cu.cuModuleGetFunction, module, name.encode())
+                function = self._functions[key]
+        _check(cu.cuLaunchKernel, function, 1, 1, 1, 1, 1, 1, 0, stream, params, 0)
+
+
+_default_lock = threading.Lock()
+_default: Driver | None = None
+
+
+def default_driver() -> Driver:
+    """The driver ``aiogpu.Device(n)`` uses: the real one unless a test installed another."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = CudaDriver()
+        return _default
+
+
+def swap_default_driver(driver: Driver | None) -> Driver | None:
+    """Install ``driver`` as the default (``None``: the real one again); return the previous."""
+    global _default
+    with _default_lock:
+        previous, _default = _default, driver
+        return previous

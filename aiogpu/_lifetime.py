@@ -1,0 +1,79 @@
+"""Ownership of one driver handle: idempotent close, deferred destroy, a GC safety net.
+
+Invariants:
+
+- The handle is destroyed exactly once: by ``close()`` when no wait is using it, by the last
+  ``release()`` after a ``close()``, or by the garbage collector's ``weakref.finalize`` if the
+  owner object was dropped without closing. Never in ``__del__``.
+- A wait that uses the handle (``acquire``/``release``) keeps it alive even if the user closes
+  the object meanwhile (``cuEventDestroy`` of an event a waiter thread is blocked on would be
+  undefined).
+- Destroying never raises: at interpreter shutdown or after a sticky context error the driver
+  may refuse, and there is nobody left to tell.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import TYPE_CHECKING
+
+from ._errors import AiogpuError, ClosedResourceError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+
+def _destroy_quietly(destroy: Callable[[int], None], handle: int) -> None:
+    try:
+        destroy(handle)
+    except (AiogpuError, RuntimeError):  # context lost, driver unloading, interpreter exiting
+        pass
+
+
+class HandleLifetime:
+    """Tracks whether ``owner``'s handle is closed and in use, and destroys it when both allow."""
+
+    __slots__ = ("_closed", "_finalizer", "_kind", "_lock", "_users")
+
+    def __init__(self, owner: object, kind: str, handle: int, destroy: Callable[[int], None] | None) -> None:
+        self._kind = kind
+        self._lock = threading.Lock()
+        self._users = 0
+        self._closed = False
+        # A borrowed handle (destroy is None) is never destroyed by aiogpu.
+        self._finalizer = weakref.finalize(owner, _destroy_quietly, destroy, handle) if destroy else None
+
+    @property
+    def owns_handle(self) -> bool:
+        return self._finalizer is not None
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def check_open(self) -> None:
+        if self._closed:
+            raise ClosedResourceError(f"this {self._kind} is closed")
+
+    def acquire(self) -> None:
+        """Mark the handle in use by a wait; raise ``ClosedResourceError`` if closed."""
+        with self._lock:
+            self.check_open()
+            self._users += 1
+
+    def release(self) -> None:
+        with self._lock:
+            self._users -= 1
+            destroy_now = self._closed and self._users == 0
+        if destroy_now and self._finalizer is not None:
+            self._finalizer()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            destroy_now = self._users == 0
+        if destroy_now and self._finalizer is not None:
+            self._finalizer()

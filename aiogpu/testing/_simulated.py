@@ -1,0 +1,609 @@
+"""SimulatedDriver: CUDA's stream and event semantics in pure Python, below the driver door.
+
+It implements the same ``Driver`` interface as the real ``CudaDriver``, so every layer above
+(devices, streams, events, the wake strategies) runs unchanged on it. What it models:
+
+- devices with primary contexts; a per-thread current-context stack; creating events or
+  streams, launching work and the default-stream handles 0/1/2 need the right current context;
+- in-order streams of operations: timed work, work held until released, cross-stream waits
+  (``cuStreamWaitEvent``), faults;
+- events capturing a stream's position at record time (an unrecorded event is complete, as in
+  CUDA), re-recording, timing, IPC handles (opened in the same process: a stand-in for another);
+- sticky context errors: after a fault every call in that context returns the error;
+- spinning versus blocking-sync ``cuEventSynchronize`` (counted in :meth:`statistics`).
+
+What it does not model: the legacy default stream's implicit synchronization with blocking
+streams, and real concurrency between streams beyond "each stream runs in order".
+
+Time is the host's monotonic clock; work is evaluated lazily whenever the driver is asked,
+so no background thread exists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import sys
+import threading
+import time
+from collections import deque
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .. import _driver
+from .._driver import (
+    DEFAULT_STREAM_HANDLES,
+    EVENT_BLOCKING_SYNC,
+    EVENT_DISABLE_TIMING,
+    EVENT_INTERPROCESS,
+    IPC_HANDLE_SIZE,
+    cuda_error,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    from .._device import Device
+    from .._stream import Stream
+
+_NOT_READY = "CUDA_ERROR_NOT_READY"
+
+
+def _code(result: int | str) -> int:
+    """A ``CUresult`` value from a member, an int or a name like ``"CUDA_ERROR_ILLEGAL_ADDRESS"``."""
+    if isinstance(result, str):
+        return _driver.result_code(result)
+    return int(result)
+
+
+class _Gate:
+    """Something a test or latch opens: held work completes once released."""
+
+    __slots__ = ("error", "released_at")
+
+    def __init__(self) -> None:
+        self.released_at: float | None = None
+        self.error: int | None = None
+
+
+class _Op:
+    __slots__ = ("after", "done_at", "duration", "fault", "gate", "seq")
+
+    def __init__(self, seq: int) -> None:
+        self.seq = seq
+        self.duration: float | None = None
+        self.gate: _Gate | None = None
+        self.after: tuple[_Stream, int] | None = None
+        self.fault: int | None = None
+        self.done_at: float | None = None
+
+
+class _Context:
+    def __init__(self, handle: int, ordinal: int) -> None:
+        self.handle = handle
+        self.ordinal = ordinal
+        self.error: int | None = None
+        self.default_stream = _Stream(0, self, 0, 0)
+
+
+class _Stream:
+    def __init__(self, handle: int, context: _Context, flags: int, priority: int) -> None:
+        self.handle = handle
+        self.context = context
+        self.flags = flags
+        self.priority = priority
+        self.ops: deque[_Op] = deque()
+        self.enqueued = 0  # seq of the last enqueued op
+        self.completed = 0  # seq of the last completed op
+        self.head_started = 0.0
+        self.last_done_at = time.monotonic()
+
+
+class _Event:
+    def __init__(self, context: _Context, flags: int) -> None:
+        self.context = context
+        self.flags = flags
+        self.stream: _Stream | None = None
+        self.seq = 0
+        self.op: _Op | None = None  # the op whose completion completes the event
+        self.recorded_at = 0.0
+
+
+@dataclass(frozen=True)
+class SimulatedStatistics:
+    """Counts kept by a :class:`SimulatedDriver`, for assertions about leaks and waits.
+
+    Attributes:
+        live_events: Event handles created and not destroyed.
+        live_streams: Stream handles created and not destroyed (default streams excluded).
+        live_latches: Latches created and not destroyed.
+        spin_synchronizations: ``cuEventSynchronize`` calls that spun (no blocking-sync flag).
+        blocking_synchronizations: ``cuEventSynchronize`` calls that slept.
+    """
+
+    live_events: int
+    live_streams: int
+    live_latches: int
+    spin_synchronizations: int
+    blocking_synchronizations: int
+
+
+class SimulatedWork:
+    """GPU work launched with :meth:`SimulatedDriver.launch`; held work waits for :meth:`release`."""
+
+    def __init__(self, driver: SimulatedDriver, stream: _Stream, op: _Op) -> None:
+        self._driver = driver
+        self._stream = stream
+        self._op = op
+
+    @property
+    def is_done(self) -> bool:
+        """Whether the work has completed (faulted work never completes)."""
+        with self._driver._changed:
+            self._driver._advance(self._stream, time.monotonic())
+            return self._stream.completed >= self._op.seq
+
+    def release(self) -> None:
+        """Let held work complete (it still runs after the work before it on its stream)."""
+        self._open(None)
+
+    def fail(self, error: int | str = "CUDA_ERROR_ILLEGAL_ADDRESS") -> None:
+        """Make held work fault when it runs: a sticky error for its whole context."""
+        self._open(_code(error))
+
+    def _open(self, error: int | None) -> None:
+        gate = self._op.gate
+        if gate is None:
+            raise ValueError("only held work (launched without seconds=) can be released or failed")
+        with self._driver._changed:
+            if gate.released_at is None:
+                gate.error = error
+                gate.released_at = time.monotonic()
+                self._driver._changed.notify_all()
+
+
+class SimulatedDriver:
+    """A pure-Python CUDA driver with CUDA's semantics, for testing without a GPU.
+
+    Use ``sim.device(n)`` for an :class:`aiogpu.Device` on it, or ``with sim.installed():``
+    to make plain ``aiogpu.Device(n)`` use it (to test code that creates its own devices).
+    Drive the simulated GPU with :meth:`launch`: work that completes after ``seconds`` or,
+    held, when the test calls :meth:`SimulatedWork.release`; or work that faults.
+
+    Args:
+        devices: Number of simulated devices.
+        priority_range: ``(lowest, highest)`` stream priorities, as
+            ``cuCtxGetStreamPriorityRange`` reports them.
+        forbid_blocking_on_event_loop: Raise ``RuntimeError`` instead of blocking when a
+            synchronize call would block a thread that is running an event loop (a bug detector
+            for code that must never block its loop).
+    """
+
+    name = "simulated"
+
+    def __init__(
+        self,
+        devices: int = 1,
+        *,
+        priority_range: tuple[int, int] = (0, -5),
+        forbid_blocking_on_event_loop: bool = False,
+    ) -> None:
+        if isinstance(devices, bool) or not isinstance(devices, int) or devices < 0:
+            raise ValueError(f"devices must be a non-negative int, got {devices!r}")
+        self._changed = threading.Condition(threading.RLock())
+        self._next_handle = itertools.count(0x7000_0000, 0x10).__next__
+        self._contexts = [_Context(self._next_handle(), ordinal) for ordinal in range(devices)]
+        self._context_by_handle = {context.handle: context for context in self._contexts}
+        self._streams: dict[int, _Stream] = {}
+        self._events: dict[int, _Event] = {}
+        self._latches: dict[int, _Gate] = {}
+        self._busy: set[_Stream] = set()  # streams with pending ops, handles destroyed or not
+        self._priority_range = priority_range
+        self._forbid_blocking = forbid_blocking_on_event_loop
+        self._spins = 0
+        self._sleeps = 0
+        self._current = threading.local()
+
+    # -- test controls --------------------------------------------------------------------
+    def device(self, ordinal: int = 0) -> Device:
+        """The :class:`aiogpu.Device` with ``ordinal`` on this simulated driver."""
+        from .._device import Device
+
+        return Device(ordinal, driver=self)
+
+    @contextmanager
+    def installed(self) -> Iterator[SimulatedDriver]:
+        """Make ``aiogpu.Device(n)`` (and ``Stream.adopt``) use this driver inside the block."""
+        previous = _driver.swap_default_driver(self)
+        try:
+            yield self
+        finally:
+            _driver.swap_default_driver(previous)
+
+    def launch(self, stream: Stream, seconds: float | None = None, *, error: int | str | None = None) -> SimulatedWork:
+        """Enqueue simulated work on ``stream``.
+
+        Args:
+            stream: An aiogpu Stream of this driver.
+            seconds: Run time once the work reaches the head of its stream; ``None`` holds the
+                work until :meth:`SimulatedWork.release` or :meth:`SimulatedWork.fail`.
+            error: Make the work fault when it runs, with this ``CUresult`` (name or value).
+        """
+        if stream.device._driver is not self:
+            raise ValueError(f"{stream!r} does not belong to this SimulatedDriver")
+        if seconds is not None and not (isinstance(seconds, (int, float)) and seconds >= 0):
+            raise ValueError(f"seconds must be a non-negative number or None, got {seconds!r}")
+        with self._changed:
+            sim_stream = self._stream(stream.handle, "launch", self._contexts[stream.device.ordinal])
+            op = self._enqueue(sim_stream)
+            if error is not None:
+                op.fault = _code(error)
+            elif seconds is None:
+                op.gate = _Gate()
+            else:
+                op.duration = float(seconds)
+            return SimulatedWork(self, sim_stream, op)
+
+    def statistics(self) -> SimulatedStatistics:
+        """Live handles and synchronize counts, for leak and behaviour assertions."""
+        with self._changed:
+            return SimulatedStatistics(
+                live_events=len(self._events),
+                live_streams=len(self._streams),
+                live_latches=len(self._latches),
+                spin_synchronizations=self._spins,
+                blocking_synchronizations=self._sleeps,
+            )
+
+    # -- Driver: devices and contexts -------------------------------------------------------
+    def init(self) -> None:
+        pass
+
+    def device_count(self) -> int:
+        return len(self._contexts)
+
+    def device_name(self, ordinal: int) -> str:
+        self._device_context(ordinal, "cuDeviceGetName")
+        return f"Simulated GPU {ordinal}"
+
+    def primary_context_retain(self, ordinal: int) -> int:
+        return self._device_context(ordinal, "cuDevicePrimaryCtxRetain").handle
+
+    def primary_context_release(self, ordinal: int) -> None:
+        self._device_context(ordinal, "cuDevicePrimaryCtxRelease")
+
+    def _stack(self) -> list[int]:
+        stack: list[int] | None = getattr(self._current, "stack", None)
+        if stack is None:
+            stack = self._current.stack = []
+        return stack
+
+    def context_get_current(self) -> int:
+        stack = self._stack()
+        return stack[-1] if stack else 0
+
+    def context_set_current(self, context: int) -> None:
+        stack = self._stack()
+        if context == 0:
+            if stack:
+                stack.pop()
+            return
+        self._context(context, "cuCtxSetCurrent")
+        if stack:
+            stack[-1] = context
+        else:
+            stack.append(context)
+
+    def context_push(self, context: int) -> None:
+        self._context(context, "cuCtxPushCurrent")
+        self._stack().append(context)
+
+    def context_pop(self) -> None:
+        stack = self._stack()
+        if not stack:
+            raise cuda_error(_driver.result_code("CUDA_ERROR_INVALID_CONTEXT"), "cuCtxPopCurrent")
+        stack.pop()
+
+    def context_device(self, context: int) -> int:
+        return self._context(context, "cuCtxGetDevice").ordinal
+
+    # -- Driver: streams ----------------------------------------------------------------------
+    def stream_priority_range(self) -> tuple[int, int]:
+        self._current_context("cuCtxGetStreamPriorityRange")
+        return self._priority_range
+
+    def stream_create(self, flags: int, priority: int) -> int:
+        with self._changed:
+            context = self._current_context("cuStreamCreateWithPriority")
+            lowest, highest = self._priority_range
+            handle = self._next_handle()
+            self._streams[handle] = _Stream(handle, context, flags, min(max(priority, highest), lowest))
+            return handle
+
+    def stream_destroy(self, stream: int) -> None:
+        with self._changed:
+            self._stream(stream, "cuStreamDestroy")
+            del self._streams[stream]
+
+    def stream_context(self, stream: int) -> int:
+        with self._changed:
+            return self._stream(stream, "cuStreamGetCtx").context.handle
+
+    def stream_priority(self, stream: int) -> int:
+        with self._changed:
+            return self._stream(stream, "cuStreamGetPriority").priority
+
+    def stream_flags(self, stream: int) -> int:
+        with self._changed:
+            return self._stream(stream, "cuStreamGetFlags").flags
+
+    def stream_query(self, stream: int) -> bool:
+        with self._changed:
+            sim_stream = self._stream(stream, "cuStreamQuery")
+            return self._stream_idle(sim_stream, time.monotonic(), "cuStreamQuery")
+
+    def stream_synchronize(self, stream: int) -> None:
+        with self._changed:
+            sim_stream = self._stream(stream, "cuStreamSynchronize")
+            self._block(
+                "cuStreamSynchronize", spin=False, done=lambda now: self._stream_idle(sim_stream, now, "cuStreamSynchronize")
+            )
+
+    def stream_wait_event(self, stream: int, event: int) -> None:
+        with self._changed:
+            sim_stream = self._stream(stream, "cuStreamWaitEvent")
+            sim_event = self._event(event, "cuStreamWaitEvent")
+            self._check_context(sim_stream.context, "cuStreamWaitEvent")
+            if sim_event.stream is not None and sim_event.op is not None:
+                self._enqueue(sim_stream).after = (sim_event.stream, sim_event.seq)
+
+    # -- Driver: events -----------------------------------------------------------------------
+    def event_create(self, flags: int) -> int:
+        with self._changed:
+            context = self._current_context("cuEventCreate")
+            if flags & EVENT_INTERPROCESS and not flags & EVENT_DISABLE_TIMING:
+                raise cuda_error(_driver.result_code("CUDA_ERROR_INVALID_VALUE"), "cuEventCreate")
+            handle = self._next_handle()
+            self._events[handle] = _Event(context, flags)
+            return handle
+
+    def event_destroy(self, event: int) -> None:
+        with self._changed:
+            self._event(event, "cuEventDestroy")
+            del self._events[event]
+
+    def event_record(self, event: int, stream: int) -> None:
+        with self._changed:
+            sim_event = self._event(event, "cuEventRecord")
+            sim_stream = self._stream(stream, "cuEventRecord")
+            self._check_context(sim_stream.context, "cuEventRecord")
+            if sim_event.context is not sim_stream.context:
+                raise cuda_error(_driver.result_code("CUDA_ERROR_INVALID_HANDLE"), "cuEventRecord")
+            now = time.monotonic()
+            self._advance(sim_stream, now)
+            sim_event.stream = sim_stream
+            sim_event.seq = sim_stream.enqueued
+            sim_event.op = sim_stream.ops[-1] if sim_stream.ops else None
+            sim_event.recorded_at = now
+            self._changed.notify_all()
+
+    def event_query(self, event: int) -> bool:
+        with self._changed:
+            sim_event = self._event(event, "cuEventQuery")
+            return self._event_done(sim_event, time.monotonic(), "cuEventQuery")
+
+    def event_synchronize(self, event: int) -> None:
+        with self._changed:
+            sim_event = self._event(event, "cuEventSynchronize")
+            spin = not sim_event.flags & EVENT_BLOCKING_SYNC
+            self._block("cuEventSynchronize", spin=spin, done=lambda now: self._event_done(sim_event, now, "cuEventSynchronize"))
+
+    def event_elapsed_time(self, start: int, end: int) -> float:
+        with self._changed:
+            times = []
+            for handle in (start, end):
+                sim_event = self._event(handle, "cuEventElapsedTime")
+                if sim_event.flags & EVENT_DISABLE_TIMING or sim_event.stream is None:
+                    raise cuda_error(_driver.result_code("CUDA_ERROR_INVALID_HANDLE"), "cuEventElapsedTime")
+                if not self._event_done(sim_event, time.monotonic(), "cuEventElapsedTime"):
+                    raise cuda_error(_driver.result_code(_NOT_READY), "cuEventElapsedTime")
+                done_at = sim_event.op.done_at if sim_event.op is not None else None
+                times.append(sim_event.recorded_at if done_at is None else done_at)
+            return (times[1] - times[0]) * 1000.0
+
+    def ipc_get_event_handle(self, event: int) -> bytes:
+        with self._changed:
+            sim_event = self._event(event, "cuIpcGetEventHandle")
+            if not sim_event.flags & EVENT_INTERPROCESS:
+                raise cuda_error(_driver.result_code("CUDA_ERROR_INVALID_VALUE"), "cuIpcGetEventHandle")
+            return b"aiogpu-simulated".ljust(16, b"\0") + event.to_bytes(8, "little") + bytes(IPC_HANDLE_SIZE - 24)
+
+    def ipc_open_event_handle(self, data: bytes) -> int:
+        with self._changed:
+            self._current_context("cuIpcOpenEventHandle")
+            original = self._events.get(int.from_bytes(data[16:24], "little")) if data.startswith(b"aiogpu-simulated") else None
+            if original is None:
+                raise cuda_error(_driver.result_code("CUDA_ERROR_INVALID_VALUE"), "cuIpcOpenEventHandle")
+            handle = self._next_handle()
+            self._events[handle] = original  # both handles name one underlying event, as across processes
+            return handle
+
+    # -- Driver: test instruments -------------------------------------------------------------
+    def latch_create(self) -> int:
+        with self._changed:
+            handle = self._next_handle()
+            self._latches[handle] = _Gate()
+            return handle
+
+    def latch_block(self, stream: int, latch: int) -> None:
+        with self._changed:
+            sim_stream = self._stream(stream, "cuStreamWaitValue32")
+            self._enqueue(sim_stream).gate = self._latches[latch]
+
+    def latch_release(self, latch: int) -> None:
+        with self._changed:
+            gate = self._latches[latch]
+            if gate.released_at is None:
+                gate.released_at = time.monotonic()
+                self._changed.notify_all()
+
+    def latch_destroy(self, latch: int) -> None:
+        with self._changed:
+            del self._latches[latch]
+
+    def launch_spin(self, stream: int, seconds: float) -> None:
+        with self._changed:
+            self._launch_stream(stream).duration = seconds
+
+    def launch_fault(self, stream: int) -> None:
+        with self._changed:
+            self._launch_stream(stream).fault = _driver.result_code("CUDA_ERROR_ILLEGAL_ADDRESS")
+
+    def _launch_stream(self, stream: int) -> _Op:
+        context = self._current_context("cuLaunchKernel")
+        sim_stream = self._stream(stream, "cuLaunchKernel")
+        if sim_stream.context is not context:
+            raise cuda_error(_driver.result_code("CUDA_ERROR_INVALID_HANDLE"), "cuLaunchKernel")
+        return self._enqueue(sim_stream)
+
+    # -- the machine ---------------------------------------------------------------------------
+    def _device_context(self, ordinal: int, func: str) -> _Context:
+        if not 0 <= ordinal < len(self._contexts):
+            raise cuda_error(_driver.result_code("CUDA_ERROR_INVALID_DEVICE"), func)
+        return self._contexts[ordinal]
+
+    def _context(self, handle: int, func: str) -> _Context:
+        context = self._context_by_handle.get(handle)
+        if context is None:
+            raise cuda_error(_driver.result_code("CUDA_ERROR_INVALID_CONTEXT"), func)
+        return context
+
+    def _current_context(self, func: str) -> _Context:
+        current = self.context_get_current()
+        if not current:
+            raise cuda_error(_driver.result_code("CUDA_ERROR_INVALID_CONTEXT"), func)
+        context = self._context(current, func)
+        self._check_context(context, func)
+        return context
+
+    def _check_context(self, context: _Context, func: str) -> None:
+        if context.error is not None:
+            raise cuda_error(context.error, func)
+
+    def _stream(self, handle: int, func: str, context: _Context | None = None) -> _Stream:
+        if handle in DEFAULT_STREAM_HANDLES:
+            if context is None:
+                current = self.context_get_current()
+                if not current:
+                    raise cuda_error(_driver.result_code("CUDA_ERROR_INVALID_CONTEXT"), func)
+                context = self._context(current, func)
+            return context.default_stream
+        stream = self._streams.get(handle)
+        if stream is None:
+            raise cuda_error(_driver.result_code("CUDA_ERROR_INVALID_HANDLE"), func)
+        return stream
+
+    def _event(self, handle: int, func: str) -> _Event:
+        event = self._events.get(handle)
+        if event is None:
+            raise cuda_error(_driver.result_code("CUDA_ERROR_INVALID_HANDLE"), func)
+        return event
+
+    def _enqueue(self, stream: _Stream) -> _Op:
+        now = time.monotonic()
+        self._advance(stream, now)
+        if not stream.ops:
+            stream.head_started = now
+        stream.enqueued += 1
+        op = _Op(stream.enqueued)
+        stream.ops.append(op)
+        self._busy.add(stream)
+        self._changed.notify_all()
+        return op
+
+    def _advance(self, stream: _Stream, now: float) -> None:
+        """Complete the ops at the head of ``stream`` that are done by ``now``."""
+        context = stream.context
+        while stream.ops and context.error is None:
+            op = stream.ops[0]
+            start = stream.head_started
+            if op.fault is not None:
+                context.error = op.fault
+                self._changed.notify_all()
+                return
+            if op.duration is not None:
+                done_at: float | None = start + op.duration if now >= start + op.duration else None
+            elif op.gate is not None:
+                released = op.gate.released_at
+                if released is not None and op.gate.error is not None:
+                    context.error = op.gate.error
+                    self._changed.notify_all()
+                    return
+                done_at = None if released is None else max(start, released)
+            else:
+                assert op.after is not None
+                other, seq = op.after
+                self._advance(other, now)
+                done_at = max(start, other.last_done_at) if other.completed >= seq else None
+            if done_at is None:
+                return
+            stream.ops.popleft()
+            op.done_at = done_at
+            stream.completed = op.seq
+            stream.last_done_at = stream.head_started = done_at
+        if not stream.ops:
+            self._busy.discard(stream)
+
+    def _event_done(self, event: _Event, now: float, func: str) -> bool:
+        self._check_context(event.context, func)
+        if event.stream is None:
+            return True  # never recorded: CUDA reports an empty event as complete
+        self._advance(event.stream, now)
+        self._check_context(event.context, func)
+        return event.stream.completed >= event.seq
+
+    def _stream_idle(self, stream: _Stream, now: float, func: str) -> bool:
+        self._check_context(stream.context, func)
+        self._advance(stream, now)
+        self._check_context(stream.context, func)
+        return not stream.ops
+
+    def _block(self, func: str, *, spin: bool, done: Callable[[float], bool]) -> None:
+        """Wait (lock held) until ``done(now)``; it raises on a context error."""
+        if done(time.monotonic()):
+            return
+        if self._forbid_blocking and _running_event_loop():
+            raise RuntimeError(f"SimulatedDriver: {func} would block a thread that is running an event loop")
+        if spin:
+            self._spins += 1
+        else:
+            self._sleeps += 1
+        while not done(time.monotonic()):
+            if spin:  # burn the thread like a spinning CUDA wait, without holding the lock
+                self._changed.release()
+                try:
+                    time.sleep(0)
+                finally:
+                    self._changed.acquire()
+            else:
+                self._changed.wait(self._next_deadline())
+
+    def _next_deadline(self) -> float | None:
+        """Seconds until the earliest timed op at a stream head could complete (None: none)."""
+        now = time.monotonic()
+        deadlines = [s.head_started + s.ops[0].duration - now for s in self._busy if s.ops[0].duration is not None]
+        return max(0.0, min(deadlines)) if deadlines else None
+
+
+def _running_event_loop() -> bool:
+    if asyncio._get_running_loop() is not None:
+        return True
+    trio = sys.modules.get("trio")
+    if trio is not None:
+        try:
+            trio.lowlevel.current_trio_token()
+        except RuntimeError:
+            return False
+        return True
+    return False

@@ -1,0 +1,103 @@
+"""Shared fixtures: devices (simulated always, the GPU where there is one), strategies, loops.
+
+Loops: pytest-asyncio runs the asyncio-marked tests on asyncio and uvloop (through its
+``pytest_asyncio_loop_factories`` hook); anyio's plugin runs the trio variants. The contract
+suite (``tests/contract.py``) is written once and collected by both.
+
+GPU tests (``@pytest.mark.gpu``, and the ``gpu`` parameter of the ``device`` fixture) are
+skipped with a reason where no GPU is usable; ``--require-gpu`` turns that into a failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from typing import TYPE_CHECKING
+
+import pytest
+
+import aiogpu
+from aiogpu._wait import _thread
+from aiogpu.testing import SimulatedDriver
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator, Mapping
+
+try:
+    import uvloop
+except ImportError:  # pragma: no cover - uvloop is in the test extra on Linux
+    uvloop = None
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--require-gpu",
+        action="store_true",
+        help="fail instead of skipping the gpu tests when no usable GPU is found",
+    )
+
+
+@functools.cache
+def gpu_unavailable_reason() -> str | None:
+    """``None`` if a real GPU is usable here, else why not."""
+    try:
+        count = aiogpu.Device.count()
+    except aiogpu.AiogpuError as exc:
+        return str(exc)
+    return None if count > 0 else "no NVIDIA driver or CUDA device on this machine"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not any(item.get_closest_marker("gpu") for item in items):
+        return
+    reason = gpu_unavailable_reason()
+    if reason is None:
+        return
+    if config.getoption("--require-gpu"):
+        raise pytest.UsageError(f"--require-gpu was given, but no GPU is usable: {reason}")
+    skip = pytest.mark.skip(reason=f"no usable GPU: {reason}")
+    for item in items:
+        if item.get_closest_marker("gpu"):
+            item.add_marker(skip)
+
+
+def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
+    factories: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {"asyncio": asyncio.new_event_loop}
+    if uvloop is not None:
+        factories["uvloop"] = uvloop.new_event_loop
+    return factories
+
+
+@pytest.fixture
+def sim() -> SimulatedDriver:
+    """A fresh two-device simulated driver that refuses to block an event loop thread."""
+    return SimulatedDriver(devices=2, forbid_blocking_on_event_loop=True)
+
+
+@pytest.fixture(params=["simulated", pytest.param("gpu", marks=pytest.mark.gpu)])
+def device(request: pytest.FixtureRequest, sim: SimulatedDriver) -> aiogpu.Device:
+    """Device 0 of the simulated driver, and of the real GPU where one is usable."""
+    if request.param == "simulated":
+        return sim.device(0)
+    return aiogpu.Device(0)
+
+
+@pytest.fixture
+def second_device(device: aiogpu.Device) -> aiogpu.Device:
+    """Device 1 of the same driver as ``device`` (skips on a one-GPU machine)."""
+    if aiogpu.Device.count(driver=device._driver) < 2:
+        pytest.skip("needs two devices")
+    return aiogpu.Device(1, driver=device._driver)
+
+
+@pytest.fixture(params=["poll", "thread"])
+def strategy(request: pytest.FixtureRequest) -> aiogpu.WaitStrategy:
+    return request.param  # type: ignore[no-any-return]
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_waits() -> Iterator[None]:
+    """After every test, no task is still subscribed to a waiter thread."""
+    yield
+    statistics = _thread.pool().statistics()
+    assert statistics.subscribers == 0, f"a wait leaked its subscription: {statistics}"

@@ -1,0 +1,277 @@
+"""The awaiting contract, written once, run for every loop × strategy × device.
+
+``Contract`` is collected through ``test_contract_asyncio.py`` (pytest-asyncio: asyncio and
+uvloop) and ``test_contract_trio.py`` (anyio's plugin: trio), with the ``device`` fixture
+giving the simulated device and, on the GPU lane, the real one. Pending work is held by a
+``Latch`` and released by the test; nothing sleeps to let the GPU finish.
+"""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+
+import anyio
+import pytest
+
+import aiogpu
+from aiogpu.testing import Latch, launch_spin
+from tests.helpers import settle_waiter_threads
+
+# Generous bound for "returned promptly": the work is held, so a wait that did not return
+# on cancellation would run into fail_after instead.
+PROMPT = 2.0
+
+
+class Contract:
+    async def test_await_returns_when_work_completes(self, device: aiogpu.Device, strategy: aiogpu.WaitStrategy) -> None:
+        with aiogpu.Stream(device) as stream, Latch(device) as latch:
+            latch.block(stream)
+            event = stream.record()
+            woke = anyio.Event()
+
+            async def waiter() -> None:
+                await event.wait(strategy=strategy)
+                woke.set()
+
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(waiter)
+                    await anyio.wait_all_tasks_blocked()
+                    assert not woke.is_set()
+                    assert not event.is_done
+                    latch.release()
+            assert woke.is_set()
+            assert event.is_done
+
+    async def test_plain_await_uses_the_default_strategy(self, device: aiogpu.Device, strategy: aiogpu.WaitStrategy) -> None:
+        previous = aiogpu.get_default_wait_strategy()
+        aiogpu.set_default_wait_strategy(strategy)
+        try:
+            with aiogpu.Stream(device) as stream:
+                launch_spin(stream, 0.01)
+                with anyio.fail_after(10):
+                    await stream.record()
+                assert stream.is_idle
+        finally:
+            aiogpu.set_default_wait_strategy(previous)
+
+    async def test_many_tasks_awaiting_one_event_all_wake(self, device: aiogpu.Device, strategy: aiogpu.WaitStrategy) -> None:
+        woken = 0
+        with aiogpu.Stream(device) as stream, Latch(device) as latch:
+            latch.block(stream)
+            event = stream.record()
+
+            async def waiter() -> None:
+                nonlocal woken
+                await event.wait(strategy=strategy)
+                woken += 1
+
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as tg:
+                    for _ in range(50):
+                        tg.start_soon(waiter)
+                    await anyio.wait_all_tasks_blocked()
+                    assert woken == 0
+                    latch.release()
+        assert woken == 50
+
+    async def test_waiting_never_blocks_the_loop(self, device: aiogpu.Device, strategy: aiogpu.WaitStrategy) -> None:
+        # The only task that can release the latch runs on the same loop: a wait that blocked
+        # the loop would never let it run, and fail_after would fire instead.
+        ticks = 0
+        with aiogpu.Stream(device) as stream, Latch(device) as latch:
+            latch.block(stream)
+            event = stream.record()
+
+            async def ticker() -> None:
+                nonlocal ticks
+                for _ in range(20):
+                    await anyio.sleep(0)
+                    ticks += 1
+                latch.release()
+
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(ticker)
+                    await event.wait(strategy=strategy)
+        assert ticks == 20
+
+    async def test_await_on_completed_event_is_a_checkpoint(self, device: aiogpu.Device, strategy: aiogpu.WaitStrategy) -> None:
+        with aiogpu.Stream(device) as stream:
+            event = stream.record()
+            await event.wait(strategy=strategy)
+            assert event.is_done
+            with anyio.CancelScope() as scope:
+                scope.cancel()
+                await event.wait(strategy=strategy)
+                pytest.fail("a completed event's wait did not raise the pending cancellation")
+            assert scope.cancelled_caught
+
+    async def test_await_on_completed_event_lets_other_tasks_run(self, device: aiogpu.Device, strategy: aiogpu.WaitStrategy) -> None:
+        other_ran = False
+
+        async def other() -> None:
+            nonlocal other_ran
+            other_ran = True
+
+        with aiogpu.Stream(device) as stream:
+            event = stream.record()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(other)
+                for _ in range(3):
+                    await event.wait(strategy=strategy)
+                assert other_ran
+
+    async def test_cancellation_is_prompt_and_leaves_the_event_usable(
+        self, device: aiogpu.Device, strategy: aiogpu.WaitStrategy
+    ) -> None:
+        with aiogpu.Stream(device) as stream, Latch(device) as latch:
+            latch.block(stream)
+            event = stream.record()
+            started = time.monotonic()
+            with anyio.fail_after(PROMPT), anyio.move_on_after(0.05) as scope:
+                await event.wait(strategy=strategy)
+            assert scope.cancelled_caught
+            assert time.monotonic() - started < PROMPT
+            assert not event.is_done  # the GPU work was left alone
+            latch.release()
+            with anyio.fail_after(10):
+                await event.wait(strategy=strategy)
+            assert event.is_done
+
+    async def test_fail_after_raises_timeout_while_work_is_held(self, device: aiogpu.Device, strategy: aiogpu.WaitStrategy) -> None:
+        with aiogpu.Stream(device) as stream, Latch(device) as latch:
+            latch.block(stream)
+            event = stream.record()
+            with pytest.raises(TimeoutError), anyio.fail_after(0.05):
+                await event.wait(strategy=strategy)
+            latch.release()
+            with anyio.fail_after(10):
+                await event
+
+    async def test_cancelled_waits_leak_nothing(self, device: aiogpu.Device, strategy: aiogpu.WaitStrategy) -> None:
+        with aiogpu.Stream(device) as stream, Latch(device) as latch:
+            latch.block(stream)
+            events = [stream.record() for _ in range(10)]
+            async with anyio.create_task_group() as tg:
+                for event in events:
+                    tg.start_soon(partial(event.wait, strategy=strategy))
+                await anyio.wait_all_tasks_blocked()
+                tg.cancel_scope.cancel()
+            latch.release()
+            with anyio.fail_after(10):
+                for event in events:
+                    await event
+                    event.close()
+        statistics = settle_waiter_threads()
+        assert statistics.subscribers == 0
+        assert statistics.running_jobs == statistics.queued_jobs == 0
+        assert statistics.threads == 0
+
+    async def test_never_recorded_event_raises(self, device: aiogpu.Device, strategy: aiogpu.WaitStrategy) -> None:
+        with aiogpu.Event(device) as event:
+            with pytest.raises(aiogpu.EventStateError, match="never recorded"):
+                await event.wait(strategy=strategy)
+            with pytest.raises(aiogpu.EventStateError, match="never recorded"):
+                await event
+
+    async def test_closed_event_raises(self, device: aiogpu.Device, strategy: aiogpu.WaitStrategy) -> None:
+        with aiogpu.Stream(device) as stream:
+            event = stream.record()
+            event.close()
+            with pytest.raises(aiogpu.ClosedResourceError):
+                await event.wait(strategy=strategy)
+            with pytest.raises(anyio.ClosedResourceError):
+                await event
+
+    async def test_close_while_waiting_defers_destruction(self, device: aiogpu.Device, strategy: aiogpu.WaitStrategy) -> None:
+        with aiogpu.Stream(device) as stream, Latch(device) as latch:
+            latch.block(stream)
+            event = stream.record()
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(partial(event.wait, strategy=strategy))
+                    await anyio.wait_all_tasks_blocked()
+                    event.close()  # the pending wait keeps the handle alive until it ends
+                    assert event.is_closed
+                    latch.release()
+
+    async def test_rerecorded_event_waits_for_the_new_work(self, device: aiogpu.Device, strategy: aiogpu.WaitStrategy) -> None:
+        with aiogpu.Stream(device) as stream, aiogpu.Event(device) as event:
+            event.record(stream)
+            with anyio.fail_after(10):
+                await event.wait(strategy=strategy)
+            with Latch(device) as latch:
+                latch.block(stream)
+                event.record(stream)
+                assert not event.is_done
+                with anyio.move_on_after(0.05):
+                    await event.wait(strategy=strategy)
+                assert not event.is_done
+                latch.release()
+                with anyio.fail_after(10):
+                    await event.wait(strategy=strategy)
+
+    async def test_wait_idle_covers_work_enqueued_before_the_call(self, device: aiogpu.Device, strategy: aiogpu.WaitStrategy) -> None:
+        with aiogpu.Stream(device) as stream, Latch(device) as latch:
+            latch.block(stream)
+            finished = anyio.Event()
+
+            async def idle_waiter() -> None:
+                await stream.wait_idle(strategy=strategy)
+                finished.set()
+
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(idle_waiter)
+                    await anyio.wait_all_tasks_blocked()
+                    assert not finished.is_set()
+                    latch.release()
+            assert stream.is_idle
+
+    async def test_event_of_another_device_is_awaitable(
+        self, device: aiogpu.Device, second_device: aiogpu.Device, strategy: aiogpu.WaitStrategy
+    ) -> None:
+        device.set_current()
+        with aiogpu.Stream(second_device) as stream, Latch(second_device) as latch:
+            latch.block(stream)
+            event = stream.record()
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(partial(event.wait, strategy=strategy))
+                    await anyio.wait_all_tasks_blocked()
+                    latch.release()
+            assert event.is_done
+        assert device._driver.context_get_current() == device._context
+
+    async def test_failed_work_raises_cuda_error_in_every_awaiter(self, device: aiogpu.Device, strategy: aiogpu.WaitStrategy) -> None:
+        if device.driver_name != "simulated":
+            pytest.skip("a real fault kills the process's context: tests/gpu/test_faults.py runs it in child processes")
+        from aiogpu.testing import SimulatedDriver
+
+        sim = device._driver
+        assert isinstance(sim, SimulatedDriver)
+        errors: list[BaseException] = []
+        with aiogpu.Stream(device) as stream:
+            work = sim.launch(stream)
+            events = [stream.record() for _ in range(4)]
+
+            async def waiter(event: aiogpu.Event) -> None:
+                try:
+                    await event.wait(strategy=strategy)
+                except aiogpu.CudaError as exc:
+                    errors.append(exc)
+
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as tg:
+                    for event in events * 5:
+                        tg.start_soon(waiter, event)
+                    await anyio.wait_all_tasks_blocked()
+                    work.fail("CUDA_ERROR_ILLEGAL_ADDRESS")
+        assert len(errors) == 20
+        assert len({id(error) for error in errors}) == 20  # each awaiter raises its own exception
+        for error in errors:
+            assert isinstance(error, aiogpu.CudaError)
+            assert error.name == "CUDA_ERROR_ILLEGAL_ADDRESS"
+            assert error.is_context_lost

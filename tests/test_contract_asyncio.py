@@ -1,0 +1,56 @@
+"""The contract suite on asyncio and uvloop (pytest-asyncio), plus asyncio's own cancellation APIs."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import pytest
+
+import aiogpu
+from aiogpu.testing import Latch
+from tests.contract import PROMPT, Contract
+
+if sys.version_info < (3, 11):
+    from async_timeout import timeout as asyncio_timeout
+else:
+    asyncio_timeout = asyncio.timeout
+
+
+@pytest.mark.asyncio
+class TestContractOnAsyncio(Contract):
+    pass
+
+
+async def _held_event(device: aiogpu.Device, stream: aiogpu.Stream, latch: Latch) -> aiogpu.Event:
+    latch.block(stream)
+    return stream.record()
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("how", ["task.cancel", "asyncio.timeout", "asyncio.wait_for"])
+async def test_asyncio_cancellation_is_prompt(device: aiogpu.Device, strategy: aiogpu.WaitStrategy, how: str) -> None:
+    with aiogpu.Stream(device) as stream, Latch(device) as latch:
+        event = await _held_event(device, stream, latch)
+        if how == "task.cancel":
+            task = asyncio.create_task(event.wait(strategy=strategy))
+            await asyncio.sleep(0)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(task, PROMPT)
+        elif how == "asyncio.timeout":
+            with pytest.raises(TimeoutError):
+                async with asyncio_timeout(0.05):
+                    await event.wait(strategy=strategy)
+        else:
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(event.wait(strategy=strategy), 0.05)
+        assert not event.is_done
+        latch.release()
+        await asyncio.wait_for(event.wait(strategy=strategy), 10)
+
+
+@pytest.mark.asyncio
+async def test_await_event_in_gather(device: aiogpu.Device) -> None:
+    with aiogpu.Stream(device) as first, aiogpu.Stream(device) as second:
+        await asyncio.wait_for(asyncio.gather(first.record(), second.record(), first.wait_idle()), 10)
