@@ -2,21 +2,22 @@
 
 The primary context is the one the CUDA runtime, torch, CuPy and cuda.core share, so objects
 made by aiogpu and by those libraries interoperate. One ``Device`` object exists per driver
-and ordinal while anything refers to it; it retains the primary context for as long as it
-lives and releases it when collected. aiogpu never leaves its context current behind the
-user's back: creation calls push it and pop it again (see :meth:`Device._activated`).
+and ordinal, for the life of the driver; it retains the primary context once and never
+releases it, as the CUDA runtime does: releasing the last reference would destroy the context
+and, with it, handles that other objects and aiogpu's waiter threads still hold. aiogpu never
+leaves its context current behind the user's back: creation calls push it and pop it again
+(see :meth:`Device._activated`).
 """
 
 from __future__ import annotations
 
 import operator
 import threading
-import weakref
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, final
 
 from . import _driver
-from ._errors import AiogpuError, CudaUnavailableError
+from ._errors import CudaUnavailableError
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -26,14 +27,15 @@ if TYPE_CHECKING:
     from ._stream import Stream
 
 _devices_lock = threading.Lock()
-_devices: weakref.WeakValueDictionary[tuple[int, int], Device] = weakref.WeakValueDictionary()
 
 
-def _release_quietly(driver: Driver, ordinal: int) -> None:
-    try:
-        driver.primary_context_release(ordinal)
-    except (AiogpuError, RuntimeError):  # interpreter shutdown, lost context
-        pass
+def _devices_of(driver: Driver) -> dict[int, Device]:
+    """The driver's devices by ordinal, kept on the driver so they live and die with it."""
+    devices: dict[int, Device] | None = getattr(driver, "_aiogpu_devices", None)
+    if devices is None:
+        devices = {}
+        driver._aiogpu_devices = devices  # type: ignore[attr-defined]
+    return devices
 
 
 def check_ordinal(ordinal: object) -> int:
@@ -76,12 +78,11 @@ class Device:
         ordinal = check_ordinal(ordinal)
         if driver is None:
             driver = _driver.default_driver()
-        key = (id(driver), ordinal)
         with _devices_lock:
-            device = _devices.get(key)
+            devices = _devices_of(driver)
+            device = devices.get(ordinal)
             if device is None:
-                device = cls._open(driver, ordinal)
-                _devices[key] = device
+                device = devices[ordinal] = cls._open(driver, ordinal)
         return device
 
     @classmethod
@@ -101,7 +102,6 @@ class Device:
         self._name = driver.device_name(ordinal)
         self._context = driver.primary_context_retain(ordinal)
         self._default_stream = None
-        weakref.finalize(self, _release_quietly, driver, ordinal)
         return self
 
     @staticmethod

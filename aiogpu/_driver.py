@@ -51,8 +51,8 @@ _HINTS = {
         "CUDA is not initialized in this process; in a child created by fork() after the "
         "parent used CUDA it never will be: start children with the 'spawn' method"
     ),
-    "CUDA_ERROR_INVALID_CONTEXT": "no CUDA context is current on this thread",
-    "CUDA_ERROR_NOT_SUPPORTED": "this device or driver does not support the operation",
+    "CUDA_ERROR_INVALID_CONTEXT": "No CUDA context is current on this thread",
+    "CUDA_ERROR_NOT_SUPPORTED": "This device or driver does not support the operation",
 }
 _STICKY_HINT = (
     "The CUDA context is no longer usable: every later CUDA call in this process fails; restart the process to use this GPU again"
@@ -73,7 +73,6 @@ class Driver(Protocol):
     def device_count(self) -> int: ...
     def device_name(self, ordinal: int) -> str: ...
     def primary_context_retain(self, ordinal: int) -> int: ...
-    def primary_context_release(self, ordinal: int) -> None: ...
     def context_get_current(self) -> int: ...
     def context_set_current(self, context: int) -> None: ...
     def context_push(self, context: int) -> None: ...
@@ -138,20 +137,37 @@ def cuda_error(result: int, func: str, explanation: str | None = None) -> CudaEr
     return CudaError(code, name, func, explanation, hint)
 
 
+# The driver's own descriptions of the results aiogpu meets most, for when it cannot be asked
+# (no driver library: the simulated device on a machine without a GPU).
+_DESCRIPTIONS = {
+    "CUDA_ERROR_INVALID_VALUE": "invalid argument",
+    "CUDA_ERROR_NOT_INITIALIZED": "initialization error",
+    "CUDA_ERROR_DEINITIALIZED": "driver shutting down",
+    "CUDA_ERROR_NO_DEVICE": "no CUDA-capable device is detected",
+    "CUDA_ERROR_INVALID_DEVICE": "invalid device ordinal",
+    "CUDA_ERROR_INVALID_CONTEXT": "invalid device context",
+    "CUDA_ERROR_INVALID_HANDLE": "invalid resource handle",
+    "CUDA_ERROR_NOT_READY": "device not ready",
+    "CUDA_ERROR_ILLEGAL_ADDRESS": "an illegal memory access was encountered",
+    "CUDA_ERROR_LAUNCH_FAILED": "unspecified launch failure",
+    "CUDA_ERROR_NOT_SUPPORTED": "operation not supported",
+}
+
+
 def _describe(result: int) -> str:
     try:
         err, text = cu.cuGetErrorString(cu.CUresult(result))
     except (RuntimeError, ValueError):  # no driver library (simulated device), unknown value
-        return "no description available"
+        err, text = None, None
     if err != _SUCCESS or text is None:
-        return "no description available"
+        return _DESCRIPTIONS.get(result_name(result), "no description available")
     return bytes(text).decode(errors="replace")
 
 
-def _no_driver(func: str, cause: BaseException) -> CudaUnavailableError:
+def _no_driver(func: str) -> CudaUnavailableError:
     return CudaUnavailableError(
-        f"{func}: no NVIDIA driver found ({cause}). Install the NVIDIA display driver to use a "
-        "GPU, or run without one on aiogpu.testing.SimulatedDriver()"
+        f"{func}: no NVIDIA driver found: libcuda.so could not be loaded. Install the NVIDIA "
+        "display driver to use a GPU, or run without one on aiogpu.testing.SimulatedDriver()"
     )
 
 
@@ -160,7 +176,7 @@ def _check(func: Callable[..., Any], *args: Any) -> Any:
     try:
         err, *values = func(*args)
     except _NoDriverLibrary as exc:
-        raise _no_driver(func.__name__, exc) from None
+        raise _no_driver(func.__name__) from exc
     if err != _SUCCESS:
         raise cuda_error(err, func.__name__)
     if not values:
@@ -185,7 +201,7 @@ class CudaDriver:
         try:
             (err,) = cu.cuInit(0)
         except _NoDriverLibrary as exc:
-            raise _no_driver("cuInit", exc) from None
+            raise _no_driver("cuInit") from exc
         if err != _SUCCESS:
             name = result_name(err)
             if name in ("CUDA_ERROR_NO_DEVICE", "CUDA_ERROR_INSUFFICIENT_DRIVER", "CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE"):
@@ -211,9 +227,6 @@ class CudaDriver:
 
     def primary_context_retain(self, ordinal: int) -> int:
         return int(_check(cu.cuDevicePrimaryCtxRetain, _check(cu.cuDeviceGet, ordinal)))
-
-    def primary_context_release(self, ordinal: int) -> None:
-        _check(cu.cuDevicePrimaryCtxRelease, _check(cu.cuDeviceGet, ordinal))
 
     def context_get_current(self) -> int:
         return int(_check(cu.cuCtxGetCurrent))

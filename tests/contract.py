@@ -1,4 +1,4 @@
-"""The awaiting contract, written once, run for every loop × strategy × device.
+"""The awaiting contract, written once, run for every loop, strategy and device.
 
 ``Contract`` is collected through ``test_contract_asyncio.py`` (pytest-asyncio: asyncio and
 uvloop) and ``test_contract_trio.py`` (anyio's plugin: trio), with the ``device`` fixture
@@ -12,6 +12,7 @@ import time
 from functools import partial
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 import aiogpu
@@ -87,7 +88,7 @@ class Contract:
             async def ticker() -> None:
                 nonlocal ticks
                 for _ in range(20):
-                    await anyio.sleep(0)
+                    await anyio.lowlevel.checkpoint()
                     ticks += 1
                 latch.release()
 
@@ -108,7 +109,9 @@ class Contract:
                 pytest.fail("a completed event's wait did not raise the pending cancellation")
             assert scope.cancelled_caught
 
-    async def test_await_on_completed_event_lets_other_tasks_run(self, device: aiogpu.Device, strategy: aiogpu.WaitStrategy) -> None:
+    async def test_await_on_completed_event_lets_other_tasks_run(
+        self, device: aiogpu.Device, strategy: aiogpu.WaitStrategy
+    ) -> None:
         other_ran = False
 
         async def other() -> None:
@@ -140,7 +143,9 @@ class Contract:
                 await event.wait(strategy=strategy)
             assert event.is_done
 
-    async def test_fail_after_raises_timeout_while_work_is_held(self, device: aiogpu.Device, strategy: aiogpu.WaitStrategy) -> None:
+    async def test_fail_after_raises_timeout_while_work_is_held(
+        self, device: aiogpu.Device, strategy: aiogpu.WaitStrategy
+    ) -> None:
         with aiogpu.Stream(device) as stream, Latch(device) as latch:
             latch.block(stream)
             event = stream.record()
@@ -213,7 +218,9 @@ class Contract:
                 with anyio.fail_after(10):
                     await event.wait(strategy=strategy)
 
-    async def test_wait_idle_covers_work_enqueued_before_the_call(self, device: aiogpu.Device, strategy: aiogpu.WaitStrategy) -> None:
+    async def test_wait_idle_covers_work_enqueued_before_the_call(
+        self, device: aiogpu.Device, strategy: aiogpu.WaitStrategy
+    ) -> None:
         with aiogpu.Stream(device) as stream, Latch(device) as latch:
             latch.block(stream)
             finished = anyio.Event()
@@ -245,7 +252,9 @@ class Contract:
             assert event.is_done
         assert device._driver.context_get_current() == device._context
 
-    async def test_failed_work_raises_cuda_error_in_every_awaiter(self, device: aiogpu.Device, strategy: aiogpu.WaitStrategy) -> None:
+    async def test_failed_work_raises_cuda_error_in_every_awaiter(
+        self, device: aiogpu.Device, strategy: aiogpu.WaitStrategy
+    ) -> None:
         if device.driver_name != "simulated":
             pytest.skip("a real fault kills the process's context: tests/gpu/test_faults.py runs it in child processes")
         from aiogpu.testing import SimulatedDriver

@@ -203,6 +203,7 @@ class SimulatedDriver:
         self._forbid_blocking = forbid_blocking_on_event_loop
         self._spins = 0
         self._sleeps = 0
+        self._blocked = 0  # threads inside a synchronize call right now
         self._current = threading.local()
 
     # -- test controls --------------------------------------------------------------------
@@ -245,6 +246,15 @@ class SimulatedDriver:
                 op.duration = float(seconds)
             return SimulatedWork(self, sim_stream, op)
 
+    def wait_until_blocked(self, threads: int = 1, timeout: float = 10.0) -> bool:
+        """Block until at least ``threads`` threads wait in a synchronize call; False on timeout.
+
+        Lets a test release work only once a waiter thread is really parked in the driver. It
+        blocks, so call it from a thread (``await anyio.to_thread.run_sync(sim.wait_until_blocked)``).
+        """
+        with self._changed:
+            return self._changed.wait_for(lambda: self._blocked >= threads, timeout)
+
     def statistics(self) -> SimulatedStatistics:
         """Live handles and synchronize counts, for leak and behaviour assertions."""
         with self._changed:
@@ -269,9 +279,6 @@ class SimulatedDriver:
 
     def primary_context_retain(self, ordinal: int) -> int:
         return self._device_context(ordinal, "cuDevicePrimaryCtxRetain").handle
-
-    def primary_context_release(self, ordinal: int) -> None:
-        self._device_context(ordinal, "cuDevicePrimaryCtxRelease")
 
     def _stack(self) -> list[int]:
         stack: list[int] | None = getattr(self._current, "stack", None)
@@ -579,15 +586,20 @@ class SimulatedDriver:
             self._spins += 1
         else:
             self._sleeps += 1
-        while not done(time.monotonic()):
-            if spin:  # burn the thread like a spinning CUDA wait, without holding the lock
-                self._changed.release()
-                try:
-                    time.sleep(0)
-                finally:
-                    self._changed.acquire()
-            else:
-                self._changed.wait(self._next_deadline())
+        self._blocked += 1
+        self._changed.notify_all()
+        try:
+            while not done(time.monotonic()):
+                if spin:  # burn the thread like a spinning CUDA wait, without holding the lock
+                    self._changed.release()
+                    try:
+                        time.sleep(0)
+                    finally:
+                        self._changed.acquire()
+                else:
+                    self._changed.wait(self._next_deadline())
+        finally:
+            self._blocked -= 1
 
     def _next_deadline(self) -> float | None:
         """Seconds until the earliest timed op at a stream head could complete (None: none)."""

@@ -1,0 +1,207 @@
+"""Stream: creation options, adoption of foreign streams, record, wait_for, queries, lifetime."""
+
+from __future__ import annotations
+
+import pytest
+
+import aiogpu
+from aiogpu.testing import Latch, SimulatedDriver
+
+
+class ProtocolStream:
+    """A stand-in for torch/CuPy/Numba/cuda.core streams: only ``__cuda_stream__``."""
+
+    def __init__(self, handle: int, version: int = 0) -> None:
+        self.handle = handle
+        self.version = version
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (self.version, self.handle)
+
+
+def test_priority_and_flags(device: aiogpu.Device) -> None:
+    lowest, highest = device.stream_priority_range
+    assert highest <= lowest
+    with aiogpu.Stream(device, priority=highest, nonblocking=True) as stream:
+        assert stream.priority == highest
+        assert stream.is_nonblocking
+        assert stream.is_owned
+    with device.create_stream() as stream:
+        assert stream.priority == lowest
+        assert not stream.is_nonblocking
+
+
+def test_priority_out_of_range_is_rejected(device: aiogpu.Device) -> None:
+    lowest, highest = device.stream_priority_range
+    with pytest.raises(ValueError, match=rf"between {highest} \(highest\) and {lowest} \(lowest\).*got {lowest + 1}"):
+        aiogpu.Stream(device, priority=lowest + 1)
+    with pytest.raises(TypeError, match="priority must be an int"):
+        aiogpu.Stream(device, priority=0.5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="nonblocking must be a bool"):
+        aiogpu.Stream(device, nonblocking="yes")  # type: ignore[arg-type]
+
+
+def test_record_returns_new_or_given_event(device: aiogpu.Device) -> None:
+    with aiogpu.Stream(device) as stream:
+        event = stream.record(timing=True)
+        assert event.is_recorded and event.is_timing_enabled
+        assert stream.record(event) is event
+        with pytest.raises(ValueError, match="options apply to a new event"):
+            stream.record(event, timing=True)
+        with pytest.raises(TypeError, match="expected an aiogpu.Event"):
+            stream.record("event")  # type: ignore[arg-type]
+
+
+def test_wait_for_orders_work_across_streams(device: aiogpu.Device) -> None:
+    with aiogpu.Stream(device) as first, aiogpu.Stream(device) as second, Latch(device) as latch:
+        latch.block(first)
+        held = first.record()
+        second.wait_for(held)
+        after_event = second.record()
+        second.wait_for(first)
+        after_stream = second.record()
+        second.wait_for(device)
+        assert not after_event.is_done and not after_stream.is_done
+        latch.release()
+        second.synchronize()
+        assert after_event.is_done and after_stream.is_done
+
+
+def test_wait_for_rejects_other_things(device: aiogpu.Device) -> None:
+    with aiogpu.Stream(device) as stream, pytest.raises(TypeError, match="expects an aiogpu Event, Stream or Device, got 5"):
+        stream.wait_for(5)  # type: ignore[arg-type]
+
+
+def test_wait_for_across_devices(sim: SimulatedDriver) -> None:
+    with aiogpu.Stream(sim.device(0)) as first, aiogpu.Stream(sim.device(1)) as second, Latch(sim.device(0)) as latch:
+        latch.block(first)
+        second.wait_for(first)
+        after = second.record()
+        assert not after.is_done
+        latch.release()
+        second.synchronize()
+        assert after.is_done
+
+
+def test_is_idle_and_synchronize(device: aiogpu.Device) -> None:
+    with aiogpu.Stream(device) as stream, Latch(device) as latch:
+        assert stream.is_idle
+        latch.block(stream)
+        assert not stream.is_idle
+        latch.release()
+        stream.synchronize()
+        assert stream.is_idle
+
+
+def test_cuda_stream_protocol(device: aiogpu.Device) -> None:
+    with aiogpu.Stream(device) as stream:
+        assert stream.__cuda_stream__() == (0, stream.handle)
+        assert aiogpu.Stream.adopt(stream) is stream
+
+
+def test_adopt_protocol_object_and_raw_handle(device: aiogpu.Device) -> None:
+    with aiogpu.Stream(device) as owner:
+        foreign = ProtocolStream(owner.handle)
+        borrowed = aiogpu.Stream.adopt(foreign, device=device)
+        assert borrowed.handle == owner.handle
+        assert borrowed == owner and hash(borrowed) == hash(owner)
+        assert not borrowed.is_owned
+        assert borrowed.device is device
+        raw = aiogpu.Stream.adopt(owner.handle, device=device)
+        assert raw == owner
+        event = borrowed.record()
+        borrowed.close()
+        raw.close()
+        owner.synchronize()  # closing the borrowed streams did not destroy the stream
+        assert event.is_done
+
+
+def test_adopt_finds_the_device_from_the_context(sim: SimulatedDriver) -> None:
+    with sim.installed(), aiogpu.Stream(sim.device(1)) as owner:
+        assert aiogpu.Stream.adopt(owner.handle).device is sim.device(1)
+        with pytest.raises(ValueError, match="belongs to device 1, not device 0"):
+            aiogpu.Stream.adopt(owner.handle, device=sim.device(0))
+
+
+def test_adopt_default_stream_handle(sim: SimulatedDriver) -> None:
+    with sim.installed():
+        assert aiogpu.Stream.adopt(0).device is sim.device(0)  # nothing current: device 0
+        sim.device(1).set_current()
+        stream = aiogpu.Stream.adopt(0)
+        assert stream.device is sim.device(1)
+        assert stream == sim.device(1).default_stream
+        sim.context_set_current(0)
+
+
+def test_adopt_keeps_the_owner_alive_while_open(device: aiogpu.Device) -> None:
+    with aiogpu.Stream(device) as owner:
+        foreign = ProtocolStream(owner.handle)
+        borrowed = aiogpu.Stream.adopt(foreign, device=device)
+        assert borrowed._owner is foreign
+        borrowed.close()
+        assert borrowed._owner is None
+
+
+@pytest.mark.parametrize(
+    ("obj", "error", "message"),
+    [
+        ("stream", TypeError, "expected an object with a __cuda_stream__"),
+        (True, TypeError, "cannot adopt True"),
+        (-1, ValueError, "non-negative address"),
+        (ProtocolStream(0x1000, version=1), ValueError, "protocol version 1"),
+    ],
+)
+def test_adopt_rejects_bad_input(sim: SimulatedDriver, obj: object, error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=message):
+        aiogpu.Stream.adopt(obj, device=sim.device(0))
+
+
+def test_adopt_rejects_a_bad_protocol_result(sim: SimulatedDriver) -> None:
+    class Broken:
+        def __cuda_stream__(self) -> object:
+            return "not a tuple"
+
+    class Attribute:
+        __cuda_stream__ = (0, 0)
+
+    with pytest.raises(TypeError, match="must return"):
+        aiogpu.Stream.adopt(Broken(), device=sim.device(0))
+    with pytest.raises(TypeError, match="must be a method"):
+        aiogpu.Stream.adopt(Attribute(), device=sim.device(0))
+
+
+def test_adopt_rejects_a_stream_of_a_non_primary_context(sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch) -> None:
+    with aiogpu.Stream(sim.device(0)) as owner:
+        monkeypatch.setattr(sim, "stream_context", lambda handle: 0x1234)
+        monkeypatch.setattr(sim, "context_device", lambda context: 0)
+        with pytest.raises(ValueError, match="not device 0's primary context"):
+            aiogpu.Stream.adopt(owner.handle, device=sim.device(0))
+
+
+def test_close_is_idempotent_and_final(sim: SimulatedDriver) -> None:
+    before = sim.statistics().live_streams
+    stream = aiogpu.Stream(sim.device(0))
+    assert sim.statistics().live_streams == before + 1
+    stream.close()
+    stream.close()
+    assert sim.statistics().live_streams == before
+    assert stream.is_closed
+    for use in (stream.record, stream.synchronize, stream.__cuda_stream__, lambda: stream.is_idle):
+        with pytest.raises(aiogpu.ClosedResourceError, match="this Stream is closed"):
+            use()
+
+
+def test_default_stream_is_borrowed_and_renewed_after_close(device: aiogpu.Device) -> None:
+    default = device.default_stream
+    assert default.handle == 0 and not default.is_owned
+    assert device.default_stream is default
+    default.close()
+    assert not device.default_stream.is_closed
+
+
+def test_repr(sim: SimulatedDriver) -> None:
+    stream = aiogpu.Stream(sim.device(1))
+    assert repr(stream) == f"<aiogpu.Stream device=1 handle={stream.handle:#x} owned>"
+    assert repr(sim.device(0).default_stream) == "<aiogpu.Stream device=0 handle=0x0 borrowed>"
+    stream.close()
+    assert repr(stream).endswith("closed>")

@@ -1,0 +1,51 @@
+"""Choosing a wait strategy: per call and process-wide, with clear errors for bad names."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import anyio
+import pytest
+
+import aiogpu
+from aiogpu.testing import SimulatedDriver
+
+
+def test_default_strategy_round_trip() -> None:
+    previous = aiogpu.get_default_wait_strategy()
+    assert previous == "thread"
+    try:
+        aiogpu.set_default_wait_strategy("poll")
+        assert aiogpu.get_default_wait_strategy() == "poll"
+    finally:
+        aiogpu.set_default_wait_strategy(previous)
+
+
+def test_bad_strategy_names() -> None:
+    with pytest.raises(ValueError, match="unknown wait strategy 'spin'; expected one of \\('poll', 'thread'\\)"):
+        aiogpu.set_default_wait_strategy("spin")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="wait strategy must be a str"):
+        aiogpu.set_default_wait_strategy(None)  # type: ignore[arg-type]
+
+
+@pytest.mark.anyio
+async def test_bad_strategy_in_a_wait_raises_before_waiting(sim: SimulatedDriver) -> None:
+    with aiogpu.Stream(sim.device(0)) as stream:
+        sim.launch(stream)  # held forever: a wait that started would hang
+        event = stream.record()
+        with anyio.fail_after(5), pytest.raises(ValueError, match="unknown wait strategy"):
+            await event.wait(strategy="busy")  # type: ignore[arg-type]
+
+
+@pytest.mark.anyio
+async def test_thread_strategy_mirrors_spinning_events_through_a_blocking_one(sim: SimulatedDriver) -> None:
+    with aiogpu.Stream(sim.device(0)) as stream:
+        work = sim.launch(stream)
+        event = stream.record()  # not blocking-sync: a thread must not spin on it
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(partial(event.wait, strategy="thread"))
+            assert await anyio.to_thread.run_sync(sim.wait_until_blocked)
+            work.release()
+    statistics = sim.statistics()
+    assert statistics.spin_synchronizations == 0
+    assert statistics.blocking_synchronizations >= 1
