@@ -192,7 +192,7 @@ class CudaDriver:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._initialized = False
-        self._functions: dict[tuple[int, str], Any] = {}  # (context, kernel name) -> CUfunction
+        self._kernels: dict[int, dict[str, Any]] = {}  # context -> kernel name -> CUfunction
         self._latches: dict[int, int] = {}  # host pointer -> device pointer
 
     def init(self) -> None:
@@ -316,6 +316,7 @@ class CudaDriver:
 
     # -- test instruments -------------------------------------------------------------------
     def latch_create(self) -> int:
+        self._kernel(_kernels.SPIN_KERNEL)  # load the test kernels while nothing is held
         flags = cu.CU_MEMHOSTALLOC_DEVICEMAP | cu.CU_MEMHOSTALLOC_PORTABLE
         host = int(_check(cu.cuMemHostAlloc, 4, flags))
         ctypes.c_uint32.from_address(host).value = 0
@@ -345,16 +346,26 @@ class CudaDriver:
         self._launch(_kernels.FAULT_KERNEL, stream, ((0,), (ctypes.c_uint64,)))
 
     def _launch(self, kernel: str, stream: int, params: tuple[tuple[int], tuple[type]]) -> None:
+        _check(cu.cuLaunchKernel, self._kernel(kernel), 1, 1, 1, 1, 1, 1, 0, stream, params, 0)
+
+    def _kernel(self, name: str) -> Any:
+        """The test kernel ``name`` in the current context, loaded on first use.
+
+        Loading a module may synchronize the whole context, which would deadlock behind a held
+        latch: ``latch_create`` loads the kernels before any stream can be held.
+        """
         context = self.context_get_current()
-        key = (context, kernel)
         with self._lock:
-            function = self._functions.get(key)
-            if function is None:
+            kernels = self._kernels.get(context)
+            if kernels is None:
                 module = _check(cu.cuModuleLoadData, _kernels.PTX)
-                for name in (_kernels.SPIN_KERNEL, _kernels.FAULT_KERNEL):
-                    self._functions[(context, name)] = _check(cu.cuModuleGetFunction, module, name.encode())
-                function = self._functions[key]
-        _check(cu.cuLaunchKernel, function, 1, 1, 1, 1, 1, 1, 0, stream, params, 0)
+                kernels = {kernel: _check(cu.cuModuleGetFunction, module, kernel.encode()) for kernel in _kernels.NAMES}
+                load = getattr(cu, "cuFuncLoad", None)  # lazy loading defers the real load to here
+                for function in kernels.values():
+                    if load is not None:
+                        _check(load, function)
+                self._kernels[context] = kernels
+        return kernels[name]
 
 
 _default_lock = threading.Lock()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 SPIN_KERNEL = "aiogpu_spin"
 FAULT_KERNEL = "aiogpu_fault"
+NAMES = (SPIN_KERNEL, FAULT_KERNEL)
 
 PTX = b"""
 .version 7.0

@@ -40,7 +40,9 @@ SCRIPT = textwrap.dedent(
 @pytest.mark.parametrize("kind", ["simulated", pytest.param("gpu", marks=pytest.mark.gpu)])
 def test_exit_with_open_objects_and_a_parked_waiter(kind: str) -> None:
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-X", "dev", "-c", SCRIPT, kind], capture_output=True, text=True, timeout=60, check=False)
+    result = subprocess.run(
+        [sys.executable, "-X", "dev", "-c", SCRIPT, kind], capture_output=True, text=True, timeout=60, check=False
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout == "exiting with a waiter thread parked\n"
     assert result.stderr == ""  # no exception in a foreign thread, no "Task was destroyed" warning

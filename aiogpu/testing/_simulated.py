@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import sys
 import threading
 import time
@@ -74,7 +75,7 @@ class _Op:
         self.seq = seq
         self.duration: float | None = None
         self.gate: _Gate | None = None
-        self.after: tuple[_Stream, int] | None = None
+        self.after: tuple[_Stream, _Op] | None = None  # (other stream, the op it waits for)
         self.fault: int | None = None
         self.done_at: float | None = None
 
@@ -118,8 +119,9 @@ class SimulatedStatistics:
         live_events: Event handles created and not destroyed.
         live_streams: Stream handles created and not destroyed (default streams excluded).
         live_latches: Latches created and not destroyed.
-        spin_synchronizations: ``cuEventSynchronize`` calls that spun (no blocking-sync flag).
-        blocking_synchronizations: ``cuEventSynchronize`` calls that slept.
+        spin_synchronizations: Synchronize calls that had to wait and spun (an event without the
+            blocking-sync flag).
+        blocking_synchronizations: Synchronize calls (event or stream) that had to wait and slept.
     """
 
     live_events: int
@@ -233,13 +235,16 @@ class SimulatedDriver:
         """
         if stream.device._driver is not self:
             raise ValueError(f"{stream!r} does not belong to this SimulatedDriver")
-        if seconds is not None and not (isinstance(seconds, (int, float)) and seconds >= 0):
-            raise ValueError(f"seconds must be a non-negative number or None, got {seconds!r}")
+        if seconds is not None and (
+            isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds < math.inf
+        ):
+            raise ValueError(f"seconds must be a finite non-negative number or None, got {seconds!r}")
+        fault = None if error is None else _code(error)
         with self._changed:
             sim_stream = self._stream(stream.handle, "launch", self._contexts[stream.device.ordinal])
             op = self._enqueue(sim_stream)
-            if error is not None:
-                op.fault = _code(error)
+            if fault is not None:
+                op.fault = fault
             elif seconds is None:
                 op.gate = _Gate()
             else:
@@ -330,7 +335,8 @@ class SimulatedDriver:
 
     def stream_destroy(self, stream: int) -> None:
         with self._changed:
-            self._stream(stream, "cuStreamDestroy")
+            if stream in DEFAULT_STREAM_HANDLES or stream not in self._streams:  # default streams are not destroyable
+                raise cuda_error(_driver.result_code("CUDA_ERROR_INVALID_HANDLE"), "cuStreamDestroy")
             del self._streams[stream]
 
     def stream_context(self, stream: int) -> int:
@@ -363,7 +369,7 @@ class SimulatedDriver:
             sim_event = self._event(event, "cuStreamWaitEvent")
             self._check_context(sim_stream.context, "cuStreamWaitEvent")
             if sim_event.stream is not None and sim_event.op is not None:
-                self._enqueue(sim_stream).after = (sim_event.stream, sim_event.seq)
+                self._enqueue(sim_stream).after = (sim_event.stream, sim_event.op)
 
     # -- Driver: events -----------------------------------------------------------------------
     def event_create(self, flags: int) -> int:
@@ -495,6 +501,11 @@ class SimulatedDriver:
         return context
 
     def _check_context(self, context: _Context, func: str) -> None:
+        """Raise the context's sticky error, after letting its streams run up to now."""
+        if context.error is None:  # a fault on any stream of the context is seen from all of them
+            now = time.monotonic()
+            for stream in [busy for busy in self._busy if busy.context is context]:
+                self._advance(stream, now)
         if context.error is not None:
             raise cuda_error(context.error, func)
 
@@ -529,8 +540,13 @@ class SimulatedDriver:
         self._changed.notify_all()
         return op
 
-    def _advance(self, stream: _Stream, now: float) -> None:
-        """Complete the ops at the head of ``stream`` that are done by ``now``."""
+    def _advance(self, stream: _Stream, now: float, visiting: frozenset[_Stream] = frozenset()) -> None:
+        """Complete the ops at the head of ``stream`` that are done by ``now``.
+
+        ``visiting`` holds the streams already being advanced further up: a stream waiting on
+        one of them sees it as it stands (streams waiting on each other in turn are fine in
+        CUDA, since each wait captured the other's past).
+        """
         context = stream.context
         while stream.ops and context.error is None:
             op = stream.ops[0]
@@ -550,9 +566,10 @@ class SimulatedDriver:
                 done_at = None if released is None else max(start, released)
             else:
                 assert op.after is not None
-                other, seq = op.after
-                self._advance(other, now)
-                done_at = max(start, other.last_done_at) if other.completed >= seq else None
+                other, captured = op.after
+                if other.completed < captured.seq and other not in visiting and other is not stream:
+                    self._advance(other, now, visiting | {stream})
+                done_at = None if captured.done_at is None else max(start, captured.done_at)
             if done_at is None:
                 return
             stream.ops.popleft()
@@ -605,7 +622,7 @@ class SimulatedDriver:
         """Seconds until the earliest timed op at a stream head could complete (None: none)."""
         now = time.monotonic()
         deadlines = [s.head_started + s.ops[0].duration - now for s in self._busy if s.ops[0].duration is not None]
-        return max(0.0, min(deadlines)) if deadlines else None
+        return min(max(0.0, min(deadlines)), threading.TIMEOUT_MAX) if deadlines else None
 
 
 def _running_event_loop() -> bool:

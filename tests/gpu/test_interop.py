@@ -1,0 +1,216 @@
+"""aiogpu with other CUDA libraries on the real GPU: adopting their streams, lending ours.
+
+``Stream.adopt`` borrows a stream of torch, CuPy, Numba, cuda.core, or a raw ``CUstream``
+(``int`` or ``cuda.bindings.driver.CUstream``): same handle, same device, awaitable, and still
+its owner's after aiogpu closes the wrapper. The other way round, cuda.core (through
+``__cuda_stream__``) and torch (``torch.cuda.ExternalStream``) enqueue work on an aiogpu
+stream that ``wait_idle`` then awaits. Each library is optional: its tests skip without it.
+"""
+
+from __future__ import annotations
+
+import warnings
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import pytest
+from cuda.bindings import driver as cu
+
+import aiogpu
+from aiogpu.testing import Latch
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+pytestmark = pytest.mark.gpu
+
+TIMEOUT = 10.0
+
+
+def import_library(name: str) -> Any:
+    """``pytest.importorskip(name)``, ignoring warnings the library itself raises on import."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return pytest.importorskip(name)
+
+
+def import_torch() -> Any:
+    torch = import_library("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("this torch cannot use CUDA")
+    return torch
+
+
+def check(result: cu.CUresult) -> None:
+    assert result == cu.CUresult.CUDA_SUCCESS, result
+
+
+# -- streams other libraries own ------------------------------------------------------------------
+@dataclass(frozen=True)
+class ForeignStream:
+    """A stream another library owns, as ``Stream.adopt`` receives it."""
+
+    stream: object
+    handle: int  # its CUstream address, as its owner reports it
+    use: Callable[[], None]  # enqueue a little work through the owner, and wait for it
+
+
+@contextmanager
+def torch_stream(device: aiogpu.Device) -> Iterator[ForeignStream]:
+    torch = import_torch()
+    stream = torch.cuda.Stream(device=device.ordinal)
+
+    def use() -> None:
+        with torch.cuda.stream(stream):
+            total = torch.arange(4, device=f"cuda:{device.ordinal}").sum()
+        stream.synchronize()
+        assert total.item() == 6
+
+    yield ForeignStream(stream, stream.cuda_stream, use)
+
+
+@contextmanager
+def cupy_stream(device: aiogpu.Device) -> Iterator[ForeignStream]:
+    cupy = import_library("cupy")
+    with cupy.cuda.Device(device.ordinal):
+        stream = cupy.cuda.Stream(non_blocking=True)
+
+    def use() -> None:
+        with cupy.cuda.Device(device.ordinal), stream:
+            copied = cupy.asarray([1, 2, 3]).get()  # copies only: no kernel to compile
+        stream.synchronize()
+        assert copied.tolist() == [1, 2, 3]
+
+    yield ForeignStream(stream, stream.ptr, use)
+
+
+@contextmanager
+def numba_stream(device: aiogpu.Device) -> Iterator[ForeignStream]:
+    numba_cuda = import_library("numba.cuda")
+    numpy = import_library("numpy")
+    with numba_cuda.gpus[device.ordinal]:
+        stream = numba_cuda.stream()
+
+    def use() -> None:
+        with numba_cuda.gpus[device.ordinal]:
+            copied = numba_cuda.to_device(numpy.arange(4), stream=stream).copy_to_host(stream=stream)
+        stream.synchronize()
+        assert copied.tolist() == [0, 1, 2, 3]
+
+    yield ForeignStream(stream, int(stream.handle), use)
+
+
+@contextmanager
+def cuda_core_stream(device: aiogpu.Device) -> Iterator[ForeignStream]:
+    cuda_core = import_library("cuda.core")
+    core_device = cuda_core.Device(device.ordinal)
+    core_device.set_current()
+    stream = core_device.create_stream()
+
+    def use() -> None:
+        event = stream.record()
+        stream.sync()
+        assert event.is_done
+
+    try:
+        yield ForeignStream(stream, int(stream.handle), use)
+    finally:
+        stream.close()
+
+
+@contextmanager
+def driver_stream(device: aiogpu.Device, *, as_int: bool) -> Iterator[ForeignStream]:
+    """A stream made with ``cuStreamCreate``, passed as its address or as a ``CUstream``."""
+    device.set_current()
+    result, stream = cu.cuStreamCreate(0)
+    check(result)
+
+    def use() -> None:
+        (result,) = cu.cuStreamSynchronize(stream)
+        check(result)
+
+    try:
+        yield ForeignStream(int(stream) if as_int else stream, int(stream), use)
+    finally:
+        cu.cuStreamDestroy(stream)
+
+
+FOREIGN_STREAMS: dict[str, Callable[[aiogpu.Device], AbstractContextManager[ForeignStream]]] = {
+    "torch": torch_stream,
+    "cupy": cupy_stream,
+    "numba": numba_stream,
+    "cuda.core": cuda_core_stream,
+    "int": partial(driver_stream, as_int=True),
+    "CUstream": partial(driver_stream, as_int=False),
+}
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("owner", FOREIGN_STREAMS)
+async def test_adopted_stream_is_borrowed_and_awaitable(gpu: aiogpu.Device, owner: str) -> None:
+    with FOREIGN_STREAMS[owner](gpu) as foreign:
+        stream = aiogpu.Stream.adopt(foreign.stream)
+        assert stream.handle == foreign.handle
+        assert stream.device is gpu
+        assert not stream.is_owned
+        with Latch(gpu) as latch:
+            latch.block(stream)
+            event = stream.record()
+            assert not event.is_done
+            latch.release()
+            with anyio.fail_after(TIMEOUT):
+                await event
+        stream.close()
+
+
+@pytest.mark.parametrize("owner", FOREIGN_STREAMS)
+def test_closing_an_adopted_stream_leaves_it_to_its_owner(gpu: aiogpu.Device, owner: str) -> None:
+    with FOREIGN_STREAMS[owner](gpu) as foreign:
+        stream = aiogpu.Stream.adopt(foreign.stream)
+        stream.close()
+        assert stream.is_closed
+        foreign.use()
+
+
+# -- aiogpu streams lent to other libraries -------------------------------------------------------
+@pytest.mark.anyio
+async def test_cuda_core_enqueues_on_an_aiogpu_stream(gpu: aiogpu.Device) -> None:
+    cuda_core = import_library("cuda.core")
+    core_device = cuda_core.Device(gpu.ordinal)
+    core_device.set_current()
+    with aiogpu.Stream(gpu) as stream, Latch(gpu) as latch:
+        core_stream = core_device.create_stream(stream)  # through __cuda_stream__
+        assert int(core_stream.handle) == stream.handle
+        latch.block(stream)
+        core_event = core_stream.record()
+        assert not core_event.is_done
+        latch.release()
+        with anyio.fail_after(TIMEOUT):
+            await stream.wait_idle()
+        assert core_event.is_done
+
+
+@pytest.mark.anyio
+async def test_torch_enqueues_on_an_aiogpu_stream(gpu: aiogpu.Device) -> None:
+    torch = import_torch()
+    with aiogpu.Stream(gpu) as stream, Latch(gpu) as latch:
+        external = torch.cuda.ExternalStream(stream.handle, device=gpu.ordinal)
+        # Allocate and load the kernel now: either may synchronize, never behind a held latch.
+        with torch.cuda.stream(external):
+            values = torch.arange(4, device=f"cuda:{gpu.ordinal}")
+            result = torch.empty_like(values)
+            torch.mul(values, 2, out=result)
+        with anyio.fail_after(TIMEOUT):
+            await stream.wait_idle()
+        latch.block(stream)
+        with torch.cuda.stream(external):
+            torch.mul(values, 3, out=result)
+        assert not external.query()
+        latch.release()
+        with anyio.fail_after(TIMEOUT):
+            await stream.wait_idle()
+        assert external.query()
+        assert result.tolist() == [0, 3, 6, 9]
