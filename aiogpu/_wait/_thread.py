@@ -45,10 +45,11 @@ IDLE_SECONDS = 10.0
 
 
 class _Subscriber:
-    __slots__ = ("notify", "outcome")
+    __slots__ = ("job", "notify", "outcome")
 
-    def __init__(self, notify: Callable[[], None]) -> None:
+    def __init__(self, notify: Callable[[], None], job: _Job) -> None:
         self.notify = notify
+        self.job = job
         self.outcome: BaseException | None = None
 
 
@@ -126,7 +127,6 @@ class _Pool:
         self._serial = 0
 
     def subscribe(self, target: WaitTarget, notify: Callable[[], None]) -> _Subscriber:
-        subscriber = _Subscriber(notify)
         key = (id(target), target._generation)
         with self._lock:
             job = self._jobs.get(key)
@@ -135,15 +135,14 @@ class _Pool:
                 job = self._jobs[key] = _Job(key, target)
                 self._queue.append(job)
                 self._dispatch()
+            subscriber = _Subscriber(notify, job)
             job.subscribers.append(subscriber)
         return subscriber
 
     def unsubscribe(self, subscriber: _Subscriber) -> None:
         with self._lock:
-            for job in self._jobs.values():
-                if subscriber in job.subscribers:
-                    job.subscribers.remove(subscriber)
-                    return
+            if subscriber in subscriber.job.subscribers:  # not yet delivered
+                subscriber.job.subscribers.remove(subscriber)
 
     def _dispatch(self) -> None:  # with self._lock held
         if self._idle > len(self._queue) - 1:
@@ -194,7 +193,7 @@ class _Pool:
                     outcome = exc
                 with self._lock:
                     self._forget(job)
-                    subscribers = job.subscribers
+                    subscribers, job.subscribers = job.subscribers, []  # late unsubscribes: no-ops
                 for subscriber in subscribers:
                     subscriber.outcome = outcome
                     subscriber.notify()
