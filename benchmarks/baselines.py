@@ -1,0 +1,170 @@
+"""The ways of waiting that the wake benchmark compares: the floor, today's patterns, aiogpu's.
+
+Each latency waiter is ``make(stream) -> (wait, close)``: ``wait()`` records an event on the
+stream (behind the work just launched) and waits for it. torch and cuda.core flavours are
+used where those libraries are installed (the GPU machine), aiogpu events otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import warnings
+from typing import TYPE_CHECKING, Any, get_args
+
+import aiogpu
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    Wait = Callable[[], Awaitable[None]]
+    Maker = Callable[[aiogpu.Stream], tuple[Wait, Callable[[], None]]]
+
+
+def _import(name: str) -> Any:
+    if importlib.util.find_spec(name.split(".")[0]) is None:
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return importlib.import_module(name)
+
+
+def environment(device: aiogpu.Device, simulated: bool) -> dict[str, Any]:
+    info: dict[str, Any] = {"device": device.name, "simulated": simulated, "aiogpu": aiogpu.__version__}
+    if not simulated:
+        from cuda.bindings import driver
+
+        _, version = driver.cuDriverGetVersion()
+        info["cuda_driver_api"] = f"{version // 1000}.{version % 1000 // 10}"
+        with contextlib.suppress(Exception):
+            import subprocess
+
+            info["driver"] = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader", f"--id={device.ordinal}"],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.strip()
+    return info
+
+
+def _aiogpu_event_waiter(**options: Any) -> Callable[[Callable[[aiogpu.Event], Awaitable[None] | None]], Maker]:
+    def with_wait(wait_on: Callable[[aiogpu.Event], Awaitable[None] | None]) -> Maker:
+        def make(stream: aiogpu.Stream) -> tuple[Wait, Callable[[], None]]:
+            event = aiogpu.Event(stream.device, **options)
+
+            async def wait() -> None:
+                event.record(stream)
+                waiting = wait_on(event)
+                if waiting is not None:
+                    await waiting
+
+            return wait, event.close
+
+        return make
+
+    return with_wait
+
+
+def _floor(event: aiogpu.Event) -> None:
+    event.synchronize()  # a spinning cuEventSynchronize on the loop: the latency floor
+
+
+def _strategy(strategy: str) -> Maker:
+    return _aiogpu_event_waiter()(lambda event: event.wait(strategy=strategy))  # type: ignore[arg-type]
+
+
+async def _to_thread_aiogpu(event: aiogpu.Event) -> None:
+    await asyncio.to_thread(event.synchronize)
+
+
+async def _query_sleep(event: aiogpu.Event, delay: float) -> None:
+    while not event.is_done:
+        await asyncio.sleep(delay)
+
+
+def _torch_waiter(kind: str) -> Maker | None:
+    torch = _import("torch")
+    if torch is None or not torch.cuda.is_available():
+        return None
+
+    def make(stream: aiogpu.Stream) -> tuple[Wait, Callable[[], None]]:
+        external = torch.cuda.ExternalStream(stream.handle, device=stream.device.ordinal)
+        event = torch.cuda.Event()
+
+        async def wait() -> None:
+            event.record(external)
+            if kind == "to_thread":
+                await asyncio.to_thread(event.synchronize)
+            else:
+                delay = 0.0 if kind == "sleep0" else 1e-3
+                while not event.query():
+                    await asyncio.sleep(delay)
+
+        return wait, lambda: None
+
+    return make
+
+
+def _cuda_core_waiter() -> Maker | None:
+    core = _import("cuda.core")
+    if core is None:
+        return None
+
+    def make(stream: aiogpu.Stream) -> tuple[Wait, Callable[[], None]]:
+        device = core.Device(stream.device.ordinal)
+        device.set_current()
+        borrowed = device.create_stream(stream)
+        event = borrowed.record()
+
+        async def wait() -> None:
+            borrowed.record(event)
+            await asyncio.to_thread(event.sync)
+
+        return wait, event.close
+
+    return make
+
+
+def latency_waiters(device: aiogpu.Device) -> list[tuple[str, Maker]]:
+    """(name, maker) pairs; the first is the floor."""
+    simulated = device.driver_name == "simulated"
+    waiters: list[tuple[str, Maker | None]] = [
+        ("floor: sync spin on the loop", _aiogpu_event_waiter()(_floor)),
+        ("sync, blocking-sync event, on the loop", _aiogpu_event_waiter(blocking_sync=True)(lambda event: event.synchronize())),
+        ("to_thread(torch Event.synchronize)", None if simulated else _torch_waiter("to_thread")),
+        ("to_thread(cuda.core Event.sync)", None if simulated else _cuda_core_waiter()),
+        ("to_thread(aiogpu Event.synchronize)", _aiogpu_event_waiter()(_to_thread_aiogpu)),
+        ("torch query + sleep(0)", None if simulated else _torch_waiter("sleep0")),
+        ("torch query + sleep(1 ms)", None if simulated else _torch_waiter("sleep1ms")),
+        ("query + sleep(0)", _aiogpu_event_waiter()(lambda event: _query_sleep(event, 0))),
+        ("query + sleep(1 ms)", _aiogpu_event_waiter()(lambda event: _query_sleep(event, 1e-3))),
+    ]
+    waiters += [(f"aiogpu {strategy}", _strategy(strategy)) for strategy in get_args(aiogpu.WaitStrategy)]
+    return [(name, make) for name, make in waiters if make is not None]
+
+
+# -- fan-out ------------------------------------------------------------------------------------
+FANOUT_WAITERS = ("floor: sync last event per stream", "query + sleep(0) per waiter", *(f"aiogpu {s}" for s in get_args(aiogpu.WaitStrategy)))
+
+
+def fanout_tasks(name: str, targets: list[aiogpu.Event], per_stream: list[list[aiogpu.Event]]) -> Callable[[], Awaitable[None]]:
+    """Start the waiters for ``name`` now (parked before the release); return "await them all"."""
+    if name.startswith("floor"):
+
+        async def floor() -> None:
+            for events in per_stream:
+                events[-1].synchronize()
+
+        return floor
+    if name.startswith("query"):
+        tasks = [asyncio.ensure_future(_query_sleep(event, 0)) for event in targets]
+    else:
+        strategy = name.removeprefix("aiogpu ")
+        tasks = [asyncio.ensure_future(event.wait(strategy=strategy)) for event in targets]  # type: ignore[arg-type]
+
+    async def gather() -> None:
+        await asyncio.gather(*tasks)
+
+    return gather

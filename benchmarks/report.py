@@ -1,0 +1,86 @@
+"""Render the wake benchmark's results: a Markdown table and the latency-versus-CPU chart."""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+
+def _title(environment: dict[str, Any]) -> str:
+    where = "SIMULATED device (no GPU): figures are not GPU measurements" if environment["simulated"] else environment["device"]
+    driver = f", driver {environment['driver']}" if environment.get("driver") else ""
+    return f"{where}{driver}, {environment['date']}, Python {environment['python']}, aiogpu {environment['aiogpu']}"
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = [f"# Wake-up benchmark: {_title(result['environment'])}", ""]
+    lines += [
+        "Overhead is over the floor (a spinning `cuEventSynchronize` on the loop) in the same run;",
+        "CPU is process CPU time per wait; lag is a 1 kHz ticker's lateness while the waits run.",
+        "",
+        "| work | strategy | p50 µs | p99 µs | overhead p50 µs | overhead p99 µs | CPU µs/wait | CPU vs floor | lag p99 ms | lag max ms |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in result["latency"]:
+        lines.append(
+            f"| {row['work_us']:.0f} µs | {row['strategy']} | {row['p50_us']:.1f} | {row['p99_us']:.1f} | "
+            f"{row['overhead_p50_us']:+.1f} | {row['overhead_p99_us']:+.1f} | {row['cpu_us_per_wait']:.1f} | "
+            f"{row['cpu_fraction_of_floor']:.0%} | {row['lag_p99_ms']:.2f} | {row['lag_max_ms']:.2f} |"
+        )
+    lines += [
+        "",
+        "Fan-out: waiters awaiting events queued behind a latch on N streams (20 µs kernels), released at once.",
+        "",
+        "| waiters | streams | events | strategy | wall ms | vs floor | CPU µs/wait |",
+        "|---:|---:|---:|---|---:|---:|---:|",
+    ]
+    for row in result["fanout"]:
+        lines.append(
+            f"| {row['waiters']} | {row['streams']} | {row['events']} | {row['strategy']} | {row['wall_ms']:.2f} | "
+            f"{row['wall_ratio_to_floor']:.2f}x | {row['cpu_us_per_wait']:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def chart(result: dict[str, Any], path: Path) -> Path | None:
+    """Latency overhead (p50) against CPU per wait, one point per strategy and workload."""
+    if importlib.util.find_spec("matplotlib") is None:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [row for row in result["latency"] if not row["strategy"].startswith("floor")]
+    workloads = sorted({row["work_us"] for row in rows})
+    strategies = sorted({row["strategy"] for row in rows})
+    markers = "os^Dv<>pPX*h"
+    figure, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 5.5), squeeze=False)
+    for axis, work in zip(axes[0], workloads):
+        for index, strategy in enumerate(strategies):
+            for row in rows:
+                if row["work_us"] == work and row["strategy"] == strategy:
+                    axis.scatter(
+                        max(row["cpu_fraction_of_floor"], 1e-3) * 100,
+                        max(row["overhead_p50_us"], 0.5),
+                        marker=markers[index % len(markers)],
+                        s=60,
+                        label=strategy,
+                        color="C3" if strategy.startswith("aiogpu") else f"C{index % 3}",
+                    )
+        axis.set_xscale("log")
+        axis.set_yscale("log")
+        axis.set_xlabel("host CPU per wait, % of the floor's")
+        axis.set_ylabel("p50 wake-up overhead over the floor, µs")
+        axis.set_title(f"{work:.0f} µs of GPU work")
+        axis.grid(True, which="both", alpha=0.3)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="lower center", ncol=4, fontsize=8)
+    figure.suptitle(f"Waiting for the GPU: lower left is better — {_title(result['environment'])}", fontsize=10)
+    figure.tight_layout(rect=(0, 0.12, 1, 0.95))
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path

@@ -1,0 +1,242 @@
+"""Wake-up benchmark: aiogpu's wait strategies against what async code does today, in one run.
+
+For GPU work of about 20 µs, 200 µs and 5 ms (a kernel that spins for that long) it measures,
+for each way of waiting:
+
+- wake latency: p50 and p99 of launch-to-wake time, and the overhead over the floor (a busy
+  ``cuEventSynchronize`` on the loop, measured in the same run);
+- host CPU per wait (process CPU time over the case divided by waits), also as a fraction of
+  the floor's;
+- event-loop responsiveness: p99 and max lag of a 1 kHz ticker while the waits run;
+
+and fan-out: 1,000 and 10,000 concurrent waiters over 1, 8 and 64 streams, work queued behind a
+latch and then released: wall time against the floor (synchronizing the last event of each
+stream), and host CPU per wait.
+
+Writes ``wake.json``, ``wake.md`` and ``wake.png`` (latency overhead against CPU per wait, one
+point per strategy and workload) to ``--out`` and prints a progress line per case. Without a
+GPU it runs on aiogpu's simulated device and labels every figure as simulated.
+
+Run:  python -m benchmarks.wake [--quick] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import aiogpu
+from aiogpu.testing import Latch, SimulatedDriver, launch_spin
+
+from . import baselines, report
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+WORKLOADS = (20e-6, 200e-6, 5e-3)
+FANOUT_WAITERS = (1_000, 10_000)
+FANOUT_STREAMS = (1, 8, 64)
+# Each event is a kernel + a record. Too many operations queued behind a held stream make the
+# launch call itself block the host until the latch opens (which it never would): seen on an
+# H200 with ~20,000 operations over 64 streams, fine with 6,400. Stay under 400 per stream and
+# 3,000 events in all.
+EVENTS_PER_STREAM_MAX = 400
+EVENTS_MAX = 3_000
+FANOUT_KERNEL = 20e-6
+
+
+@dataclass
+class LatencyRow:
+    strategy: str
+    work_us: float
+    waits: int
+    p50_us: float
+    p99_us: float
+    overhead_p50_us: float
+    overhead_p99_us: float
+    cpu_us_per_wait: float
+    cpu_fraction_of_floor: float
+    lag_p99_ms: float
+    lag_max_ms: float
+
+
+@dataclass
+class FanoutRow:
+    strategy: str
+    waiters: int
+    streams: int
+    events: int
+    wall_ms: float
+    wall_ratio_to_floor: float
+    cpu_us_per_wait: float
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+async def time_waits(wait: Callable[[], Awaitable[None]], stream: aiogpu.Stream, work: float, waits: int) -> tuple[list[float], float]:
+    """Launch ``work`` seconds of GPU work and wait for it, ``waits`` times; (latencies, CPU s)."""
+    for _ in range(3):  # warm up: kernels loaded, threads started
+        launch_spin(stream, work)
+        await wait()
+    samples = []
+    cpu = time.process_time()
+    for _ in range(waits):
+        started = time.perf_counter()
+        launch_spin(stream, work)
+        await wait()
+        samples.append(time.perf_counter() - started)
+    return samples, time.process_time() - cpu
+
+
+async def loop_lag(wait: Callable[[], Awaitable[None]], stream: aiogpu.Stream, work: float, waits: int) -> list[float]:
+    """Lags of a 1 kHz ticker while the waits run (seconds)."""
+    lags: list[float] = []
+    finished = asyncio.Event()
+
+    async def ticker() -> None:
+        while not finished.is_set():
+            due = time.perf_counter() + 1e-3
+            await asyncio.sleep(1e-3)
+            lags.append(max(0.0, time.perf_counter() - due))
+
+    task = asyncio.create_task(ticker())
+    await asyncio.sleep(0)
+    await time_waits(wait, stream, work, waits)
+    finished.set()
+    await task
+    return lags
+
+
+async def latency_cases(device: aiogpu.Device, quick: bool) -> list[LatencyRow]:
+    rows = []
+    with aiogpu.Stream(device) as stream:
+        for work in WORKLOADS:
+            waits = (30 if quick else 100) if work >= 1e-3 else (100 if quick else 400)
+            floor: LatencyRow | None = None
+            for name, make in baselines.latency_waiters(device):
+                wait, close = make(stream)
+                try:
+                    samples, cpu = await time_waits(wait, stream, work, waits)
+                    lags = await loop_lag(wait, stream, work, max(10, waits // 4))
+                finally:
+                    close()
+                p50, p99 = statistics.median(samples), percentile(samples, 0.99)
+                cpu_per_wait = cpu / waits
+                row = LatencyRow(
+                    strategy=name,
+                    work_us=work * 1e6,
+                    waits=waits,
+                    p50_us=p50 * 1e6,
+                    p99_us=p99 * 1e6,
+                    overhead_p50_us=(p50 - floor.p50_us / 1e6) * 1e6 if floor else 0.0,
+                    overhead_p99_us=(p99 - floor.p99_us / 1e6) * 1e6 if floor else 0.0,
+                    cpu_us_per_wait=cpu_per_wait * 1e6,
+                    cpu_fraction_of_floor=cpu_per_wait * 1e6 / floor.cpu_us_per_wait if floor else 1.0,
+                    lag_p99_ms=percentile(lags, 0.99) * 1e3 if lags else float("nan"),
+                    lag_max_ms=max(lags) * 1e3 if lags else float("nan"),
+                )
+                floor = floor or row  # the first waiter is the floor
+                rows.append(row)
+                print(
+                    f"latency {work * 1e6:6.0f} us  {name:34} p50 {row.p50_us:8.1f} us (+{row.overhead_p50_us:7.1f})"
+                    f"  p99 {row.p99_us:8.1f} us (+{row.overhead_p99_us:7.1f})  cpu/wait {row.cpu_us_per_wait:7.1f} us"
+                    f" ({row.cpu_fraction_of_floor:4.0%})  lag p99 {row.lag_p99_ms:6.2f} ms  max {row.lag_max_ms:6.2f} ms",
+                    flush=True,
+                )
+    return rows
+
+
+async def fanout_case(device: aiogpu.Device, name: str, waiters: int, nstreams: int) -> tuple[float, float, int]:
+    """Wall seconds and CPU seconds from releasing the latch until every waiter woke."""
+    streams = [aiogpu.Stream(device, nonblocking=True) for _ in range(nstreams)]
+    per_stream = min(EVENTS_PER_STREAM_MAX, EVENTS_MAX // nstreams, -(-waiters // nstreams))
+    try:
+        with Latch(device) as latch:
+            events: list[list[aiogpu.Event]] = []
+            for stream in streams:
+                latch.block(stream)
+                stream_events = []
+                for _ in range(per_stream):
+                    launch_spin(stream, FANOUT_KERNEL)
+                    stream_events.append(stream.record())
+                events.append(stream_events)
+            flat = [event for stream_events in events for event in stream_events]
+            targets = [flat[i % len(flat)] for i in range(waiters)]
+            tasks = baselines.fanout_tasks(name, targets, events)
+            await asyncio.sleep(0)  # every waiter is parked before the release
+            await asyncio.sleep(0)
+            cpu = time.process_time()
+            started = time.perf_counter()
+            latch.release()
+            await tasks()
+            wall = time.perf_counter() - started
+            cpu = time.process_time() - cpu
+            for event in flat:
+                event.close()
+            return wall, cpu, len(flat)
+    finally:
+        for stream in streams:
+            stream.synchronize()
+            stream.close()
+
+
+async def fanout_cases(device: aiogpu.Device, quick: bool) -> list[FanoutRow]:
+    rows = []
+    for waiters in FANOUT_WAITERS:
+        for nstreams in FANOUT_STREAMS:
+            floor_wall = None
+            for name in baselines.FANOUT_WAITERS:
+                if quick and name == "aiogpu thread" and waiters > 1000:
+                    continue
+                wall, cpu, events = await fanout_case(device, name, waiters, nstreams)
+                floor_wall = floor_wall or wall
+                row = FanoutRow(name, waiters, nstreams, events, wall * 1e3, wall / floor_wall, cpu / waiters * 1e6)
+                rows.append(row)
+                print(
+                    f"fan-out {waiters:6} waiters {nstreams:3} streams ({events:5} events)  {name:28}"
+                    f" wall {row.wall_ms:8.2f} ms ({row.wall_ratio_to_floor:5.2f}x floor)  cpu/wait {row.cpu_us_per_wait:6.2f} us",
+                    flush=True,
+                )
+    return rows
+
+
+def open_device() -> tuple[aiogpu.Device, bool]:
+    try:
+        return aiogpu.Device(0), False
+    except aiogpu.CudaUnavailableError:
+        return SimulatedDriver().device(0), True
+
+
+async def main(out: Path, quick: bool) -> None:
+    device, simulated = open_device()
+    environment = baselines.environment(device, simulated)
+    environment["date"] = datetime.date.today().isoformat()
+    environment["python"] = platform.python_version()
+    print(json.dumps(environment), flush=True)
+    latency = await latency_cases(device, quick)
+    fanout = await fanout_cases(device, quick)
+    result = {"environment": environment, "latency": [asdict(r) for r in latency], "fanout": [asdict(r) for r in fanout]}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "wake.json").write_text(json.dumps(result, indent=1))
+    (out / "wake.md").write_text(report.markdown(result))
+    chart = report.chart(result, out / "wake.png")
+    print(f"wrote {out / 'wake.json'}, {out / 'wake.md'}" + (f", {chart}" if chart else " (no matplotlib: no chart)"))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--quick", action="store_true", help="fewer waits per case (a smoke run)")
+    arguments = parser.parse_args()
+    asyncio.run(main(arguments.out, arguments.quick))
