@@ -78,6 +78,8 @@ class Device:
         ordinal = check_ordinal(ordinal)
         if driver is None:
             driver = _driver.default_driver()
+        elif not all(callable(getattr(driver, name, None)) for name in ("init", "event_query", "stream_create")):
+            raise TypeError(f"driver must implement aiogpu's driver interface (CudaDriver, SimulatedDriver), got {driver!r}")
         with _devices_lock:
             devices = _devices_of(driver)
             device = devices.get(ordinal)
@@ -181,4 +183,6 @@ class Device:
         return f"<aiogpu.Device {self._ordinal} {self._name!r} driver={self._driver.name}>"
 
     def __reduce__(self) -> tuple[object, ...]:
+        if self._driver is not _driver.default_driver():
+            raise TypeError(f"{self!r} cannot be pickled: only devices of the default driver can be")
         return (Device, (self._ordinal,))

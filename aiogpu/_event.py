@@ -12,7 +12,9 @@
 
 from __future__ import annotations
 
+import itertools
 import os
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, final
 
@@ -30,6 +32,9 @@ if TYPE_CHECKING:
 
     from ._stream import Stream
     from ._wait import WaitStrategy
+
+
+_record_sequence = itertools.count()
 
 
 @final
@@ -50,6 +55,10 @@ class IpcEventHandle:
     def __post_init__(self) -> None:
         if not isinstance(self.data, bytes) or len(self.data) != IPC_HANDLE_SIZE:
             raise ValueError(f"IpcEventHandle.data must be {IPC_HANDLE_SIZE} bytes, got {self.data!r:.40}")
+        for name in ("device", "pid"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise TypeError(f"IpcEventHandle.{name} must be a non-negative int, got {value!r}")
 
 
 def _check_flag(name: str, value: object) -> bool:
@@ -80,7 +89,19 @@ class Event:
         ValueError: ``interprocess=True`` together with ``timing=True``.
     """
 
-    __slots__ = ("__weakref__", "_device", "_driver", "_flags", "_generation", "_handle", "_lifetime", "_recorded")
+    __slots__ = (
+        "__weakref__",
+        "_device",
+        "_driver",
+        "_flags",
+        "_generation",
+        "_handle",
+        "_lifetime",
+        "_record_sequence",
+        "_recorded",
+        "_recorded_at",
+        "_stream_key",
+    )
 
     _device: Device
     _driver: _driver.Driver
@@ -88,7 +109,10 @@ class Event:
     _flags: int
     _lifetime: HandleLifetime
     _recorded: bool
-    _generation: int
+    _generation: int  # how many times recorded: a wait is for one recording
+    _stream_key: object  # the stream of the last recording: the wake engine queues per stream
+    _recorded_at: float  # time.perf_counter() of the last recording
+    _record_sequence: int  # process-wide order of recordings (streams complete in this order)
 
     def __init__(
         self,
@@ -126,6 +150,9 @@ class Event:
         self._flags = flags
         self._recorded = recorded
         self._generation = 0
+        self._stream_key = ("event", id(self))  # until recorded: its own queue
+        self._recorded_at = time.perf_counter()
+        self._record_sequence = next(_record_sequence)
         self._lifetime = HandleLifetime(self, "Event", handle, device._driver.event_destroy)
 
     # -- properties ---------------------------------------------------------------------------
@@ -198,9 +225,12 @@ class Event:
             )
         stream._record_event(self)
 
-    def _mark_recorded(self) -> None:
+    def _mark_recorded(self, stream_key: object) -> None:
         self._recorded = True
         self._generation += 1
+        self._stream_key = stream_key
+        self._recorded_at = time.perf_counter()
+        self._record_sequence = next(_record_sequence)
 
     def synchronize(self) -> None:
         """Block the calling thread until the captured work has completed.
@@ -258,8 +288,8 @@ class Event:
         ``await event.wait()``.
 
         Args:
-            strategy: ``"poll"`` or ``"thread"`` (see the README's "Wait strategies"); the
-                default is :func:`aiogpu.get_default_wait_strategy`.
+            strategy: ``"auto"``, ``"poll"`` or ``"thread"`` (see the README's "Wait
+                strategies"); the default is :func:`aiogpu.get_default_wait_strategy`.
 
         Raises:
             EventStateError: The event was never recorded.
@@ -273,7 +303,7 @@ class Event:
             again. Nothing is leaked; a waiter thread already blocked in the driver returns
             to the pool when the work completes.
         """
-        strategy_function = _wait.implementation(strategy)
+        strategy = _wait.check_strategy(strategy)
         self._check_recorded("await")
         await anyio.lowlevel.checkpoint_if_cancelled()
         self._lifetime.acquire()
@@ -281,7 +311,7 @@ class Event:
             if self._driver.event_query(self._handle):
                 await anyio.lowlevel.cancel_shielded_checkpoint()
                 return
-            await strategy_function(self)
+            await _wait.wait(self, strategy)
         finally:
             self._lifetime.release()
 
@@ -293,11 +323,13 @@ class Event:
         """Export the event for another process (see :meth:`from_ipc_handle`).
 
         Raises:
-            EventStateError: The event was not created with ``interprocess=True``.
+            EventStateError: The event was not created with ``interprocess=True``, or was never
+                recorded (the importer would see it as complete).
         """
         self._lifetime.check_open()
         if not self.is_ipc_enabled:
             raise EventStateError("ipc_handle: the event was not created with interprocess=True")
+        self._check_recorded("export")
         with self._device._activated():
             data = self._driver.ipc_get_event_handle(self._handle)
         return IpcEventHandle(data, self._device.ordinal, os.getpid())
@@ -323,6 +355,8 @@ class Event:
             raise ValueError("this IPC handle was exported by this process, where CUDA cannot open it: use the original Event")
         if device is None:
             device = Device(handle.device)
+        elif not isinstance(device, Device):
+            raise TypeError(f"device must be an aiogpu.Device, got {device!r}")
         with device._activated():
             raw = device._driver.ipc_open_event_handle(handle.data)
         event = object.__new__(cls)

@@ -11,6 +11,7 @@ host. aiogpu keeps "wait" for host-side awaiting and ``wait_for`` for device-sid
 
 from __future__ import annotations
 
+import operator
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, final
 
@@ -27,14 +28,21 @@ if TYPE_CHECKING:
     from ._wait import WaitStrategy
 
 
+def _check_priority(priority: object) -> int:
+    if isinstance(priority, bool):
+        raise TypeError(f"priority must be an int, got {priority!r}")
+    try:
+        return operator.index(priority)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"priority must be an int, got {priority!r}") from None
+
+
 def foreign_stream_handle(obj: object) -> int:
     """The ``CUstream`` address of ``obj``: an ``int`` or any ``__cuda_stream__`` object."""
     if isinstance(obj, bool):
         raise TypeError(f"cannot adopt {obj!r} as a stream")
     if isinstance(obj, int):
-        if obj < 0:
-            raise ValueError(f"a stream handle is a non-negative address, got {obj}")
-        return obj
+        return _check_address(obj)
     protocol = getattr(type(obj), "__cuda_stream__", None)
     if protocol is None:
         raise TypeError(
@@ -45,11 +53,17 @@ def foreign_stream_handle(obj: object) -> int:
     if not callable(protocol):
         raise TypeError(f"{type(obj).__name__}.__cuda_stream__ must be a method returning (0, handle)")
     info = obj.__cuda_stream__()  # type: ignore[attr-defined]
-    if not (isinstance(info, tuple) and len(info) == 2 and all(isinstance(v, int) for v in info)):
+    if not (isinstance(info, tuple) and len(info) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in info)):
         raise TypeError(f"{type(obj).__name__}.__cuda_stream__() must return (version, handle) ints, got {info!r}")
     if info[0] != 0:
         raise ValueError(f"{type(obj).__name__}.__cuda_stream__() has protocol version {info[0]}; aiogpu understands version 0")
-    return int(info[1])
+    return _check_address(info[1])
+
+
+def _check_address(handle: int) -> int:
+    if not 0 <= handle < 2**64:
+        raise ValueError(f"a stream handle is a 64-bit address, got {handle}")
+    return int(handle)
 
 
 @final
@@ -89,11 +103,8 @@ class Stream:
         driver = device._driver
         with device._activated():
             lowest, highest = driver.stream_priority_range()
-            if priority is None:
-                priority = lowest
-            elif isinstance(priority, bool) or not isinstance(priority, int):
-                raise TypeError(f"priority must be an int, got {priority!r}")
-            elif not highest <= priority <= lowest:
+            priority = lowest if priority is None else _check_priority(priority)
+            if not highest <= priority <= lowest:
                 raise ValueError(
                     f"stream priority must be between {highest} (highest) and {lowest} (lowest) on this device, got {priority}"
                 )
@@ -125,12 +136,13 @@ class Stream:
         Args:
             obj: The stream to adopt. An aiogpu Stream is returned as is.
             device: The device it belongs to. Found from the stream's context when omitted;
-                required to mean a specific device's default stream (handles 0, 1, 2)
-                when that device's context is not current.
+                required for the default-stream handles 0, 1 and 2, which mean "the default
+                stream of whichever device is current".
 
         Raises:
             TypeError: ``obj`` is not a stream.
-            ValueError: The stream belongs to a non-primary context, or not to ``device``.
+            ValueError: The stream belongs to a non-primary context, or not to ``device``; or it
+                is a default-stream handle and ``device`` is missing.
         """
         if isinstance(obj, Stream):
             return obj
@@ -140,9 +152,10 @@ class Stream:
         driver = device._driver if device is not None else default_driver()
         driver.init()
         if handle in DEFAULT_STREAM_HANDLES:
-            context = driver.context_get_current()
-            if device is None:
-                device = Device(driver.context_device(context) if context else 0, driver=driver)
+            if device is None:  # torch and CuPy report every device's default stream as 0
+                raise ValueError(
+                    f"stream handle {handle} means the default stream of whichever device is current: pass device= to say which"
+                )
             return cls._borrow(device, handle, obj)
         context = driver.stream_context(handle)
         owner_device = Device(driver.context_device(context), driver=driver)
@@ -245,7 +258,7 @@ class Stream:
             )
         with self._context():
             self._driver.event_record(event._handle, self._handle)
-        event._mark_recorded()
+        event._mark_recorded((id(self._device), self._handle))
 
     def wait_for(self, other: Event | Stream | Device) -> None:
         """Make work enqueued on this stream from now on wait, on the device, for ``other``.
@@ -281,9 +294,12 @@ class Stream:
         Raises:
             CudaError: Enqueued work failed.
         """
-        self._lifetime.check_open()
-        with self._context():
-            self._driver.stream_synchronize(self._handle)
+        self._lifetime.acquire()
+        try:
+            with self._context():
+                self._driver.stream_synchronize(self._handle)
+        finally:
+            self._lifetime.release()
 
     async def wait_idle(self, *, strategy: WaitStrategy | None = None) -> None:
         """Wait until all work enqueued so far has completed, without blocking the event loop.

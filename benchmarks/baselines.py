@@ -146,7 +146,11 @@ def latency_waiters(device: aiogpu.Device) -> list[tuple[str, Maker]]:
 
 
 # -- fan-out ------------------------------------------------------------------------------------
-FANOUT_WAITERS = ("floor: sync last event per stream", "query + sleep(0) per waiter", *(f"aiogpu {s}" for s in get_args(aiogpu.WaitStrategy)))
+FANOUT_WAITERS = (
+    "floor: sync last event per stream",
+    "query + sleep(0) per waiter",
+    *(f"aiogpu {s}" for s in get_args(aiogpu.WaitStrategy)),
+)
 
 
 def fanout_tasks(name: str, targets: list[aiogpu.Event], per_stream: list[list[aiogpu.Event]]) -> Callable[[], Awaitable[None]]:

@@ -59,7 +59,7 @@ def chart(result: dict[str, Any], path: Path) -> Path | None:
     strategies = sorted({row["strategy"] for row in rows})
     markers = "os^Dv<>pPX*h"
     figure, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 5.5), squeeze=False)
-    for axis, work in zip(axes[0], workloads):
+    for axis, work in zip(axes[0], workloads, strict=True):
         for index, strategy in enumerate(strategies):
             for row in rows:
                 if row["work_us"] == work and row["strategy"] == strategy:

@@ -84,7 +84,9 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def time_waits(wait: Callable[[], Awaitable[None]], stream: aiogpu.Stream, work: float, waits: int) -> tuple[list[float], float]:
+async def time_waits(
+    wait: Callable[[], Awaitable[None]], stream: aiogpu.Stream, work: float, waits: int
+) -> tuple[list[float], float]:
     """Launch ``work`` seconds of GPU work and wait for it, ``waits`` times; (latencies, CPU s)."""
     for _ in range(3):  # warm up: kernels loaded, threads started
         launch_spin(stream, work)

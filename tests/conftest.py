@@ -71,9 +71,14 @@ def pytest_asyncio_loop_factories(
 
 
 @pytest.fixture
-def sim() -> SimulatedDriver:
-    """A fresh two-device simulated driver that refuses to block an event loop thread."""
-    return SimulatedDriver(devices=2, forbid_blocking_on_event_loop=True)
+def sim() -> Iterator[SimulatedDriver]:
+    """A fresh two-device simulated driver that refuses to block an event loop thread.
+
+    After the test, no handle may have been destroyed twice or while in use.
+    """
+    driver = SimulatedDriver(devices=2, forbid_blocking_on_event_loop=True)
+    yield driver
+    assert driver.statistics().lifetime_violations == 0
 
 
 @pytest.fixture(params=["simulated", pytest.param("gpu", marks=pytest.mark.gpu)])
@@ -92,7 +97,7 @@ def second_device(device: aiogpu.Device) -> aiogpu.Device:
     return aiogpu.Device(1, driver=device._driver)
 
 
-@pytest.fixture(params=["poll", "thread"])
+@pytest.fixture(params=["auto", "poll", "thread"])
 def strategy(request: pytest.FixtureRequest) -> aiogpu.WaitStrategy:
     return request.param  # type: ignore[no-any-return]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -11,8 +12,16 @@ EXAMPLES = Path(__file__).parent.parent / "examples"
 
 
 def test_overlap_example_keeps_the_loop_responsive() -> None:
+    root = EXAMPLES.parent
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
     result = subprocess.run(
-        [sys.executable, str(EXAMPLES / "01_overlap_host_and_gpu.py")], capture_output=True, text=True, timeout=120, check=False
+        [sys.executable, str(EXAMPLES / "01_overlap_host_and_gpu.py")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=root,
+        env=environment,
     )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.strip().splitlines()

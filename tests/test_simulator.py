@@ -774,12 +774,14 @@ async def test_the_thread_strategy_never_spins(sim: SimulatedDriver) -> None:
             async with anyio.create_task_group() as tg:
                 for event in events:
                     tg.start_soon(partial(event.wait, strategy="thread"))
-                assert await anyio.to_thread.run_sync(sim.wait_until_blocked, 3)
+                assert await anyio.to_thread.run_sync(sim.wait_until_blocked, 1)
                 work.release()
         assert all(event.is_done for event in events)
         statistics = sim.statistics()
         assert statistics.spin_synchronizations == 0
-        assert statistics.blocking_synchronizations == 3  # one parked waiter thread per event
+        # One parked waiter thread for the stream: it waits for the oldest event only, since
+        # the stream completes the others after it.
+        assert statistics.blocking_synchronizations == 1
 
 
 @pytest.mark.anyio
@@ -800,6 +802,7 @@ async def test_the_poll_strategy_never_synchronizes(sim: SimulatedDriver) -> Non
 def test_creating_without_a_current_context_fails(sim: SimulatedDriver) -> None:
     device = sim.device(0)
     with aiogpu.Event(device, interprocess=True) as shared:
+        shared.record()
         data = shared.ipc_handle().data
 
     def attempt(call: Callable[[], object], func: str) -> None:
@@ -945,7 +948,8 @@ def test_recording_an_event_on_another_devices_stream(sim: SimulatedDriver) -> N
         assert sim.event_query(event.handle)
 
 
-def test_destroyed_handles_are_invalid(sim: SimulatedDriver) -> None:
+def test_destroyed_handles_are_invalid() -> None:
+    sim = SimulatedDriver()  # not the fixture's: this test commits lifetime violations on purpose
     with current(sim, sim.device(0)):
         stream = sim.stream_create(0, 0)
         event = sim.event_create(0)
@@ -960,6 +964,23 @@ def test_destroyed_handles_are_invalid(sim: SimulatedDriver) -> None:
     with raises_cuda("CUDA_ERROR_INVALID_HANDLE", "cuStreamQuery"):
         sim.stream_query(stream)
     assert sim.statistics().live_events == sim.statistics().live_streams == 0
+    assert sim.statistics().lifetime_violations == 2  # the second destroy of each
+
+
+def test_destroying_an_event_a_thread_synchronizes_on_is_a_violation() -> None:
+    import threading
+
+    sim = SimulatedDriver()
+    with aiogpu.Stream(sim.device(0)) as stream:
+        work = sim.launch(stream)
+        event = stream.record(blocking_sync=True)
+        waiter = threading.Thread(target=event.synchronize)
+        waiter.start()
+        assert sim.wait_until_blocked(1)
+        sim.event_destroy(event.handle)  # behind aiogpu's back: what its lifetimes prevent
+        work.release()
+        waiter.join(10)
+    assert sim.statistics().lifetime_violations == 1
 
 
 def test_destroying_the_default_stream_is_a_cuda_error(sim: SimulatedDriver) -> None:
@@ -971,6 +992,7 @@ def test_destroying_the_default_stream_is_a_cuda_error(sim: SimulatedDriver) -> 
 def test_interprocess_events_export_a_handle(sim: SimulatedDriver) -> None:
     device = sim.device(1)
     with aiogpu.Event(device, interprocess=True) as shared, aiogpu.Event(device) as private:
+        shared.record()
         handle = shared.ipc_handle()
         assert isinstance(handle, aiogpu.IpcEventHandle)
         assert len(handle.data) == _driver.IPC_HANDLE_SIZE
@@ -991,6 +1013,7 @@ def test_interprocess_events_export_a_handle(sim: SimulatedDriver) -> None:
 def test_an_opened_ipc_handle_names_the_same_event(sim: SimulatedDriver) -> None:
     device = sim.device(0)
     with aiogpu.Stream(device) as stream, aiogpu.Event(device, interprocess=True) as shared:
+        shared.record(stream)
         data = shared.ipc_handle().data
         with current(sim, device):
             opened = sim.ipc_open_event_handle(data)
@@ -1018,6 +1041,7 @@ def test_an_opened_ipc_handle_names_the_same_event(sim: SimulatedDriver) -> None
 def test_ipc_open_refusals(sim: SimulatedDriver) -> None:
     device = sim.device(0)
     with aiogpu.Event(device, interprocess=True) as shared:
+        shared.record()
         data = shared.ipc_handle().data
     with current(sim, device):
         with raises_cuda("CUDA_ERROR_INVALID_VALUE", "cuIpcOpenEventHandle"):
@@ -1030,6 +1054,9 @@ def test_ipc_open_refusals(sim: SimulatedDriver) -> None:
 async def test_an_imported_event_is_awaitable(sim: SimulatedDriver) -> None:
     device = sim.device(0)
     with aiogpu.Stream(device) as stream, aiogpu.Event(device, interprocess=True) as shared:
+        with pytest.raises(aiogpu.EventStateError, match="cannot export an event that was never recorded"):
+            shared.ipc_handle()
+        shared.record(stream)  # exported events must have been recorded: the importer trusts them
         # Present the handle as another process's (the simulator opens it in this one).
         foreign = dataclasses.replace(shared.ipc_handle(), pid=os.getpid() + 1)
         with aiogpu.Event.from_ipc_handle(foreign, device) as imported:

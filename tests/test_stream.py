@@ -123,12 +123,12 @@ def test_adopt_finds_the_device_from_the_context(sim: SimulatedDriver) -> None:
             aiogpu.Stream.adopt(owner.handle, device=sim.device(0))
 
 
-def test_adopt_default_stream_handle(sim: SimulatedDriver) -> None:
+def test_adopt_default_stream_handle_needs_the_device(sim: SimulatedDriver) -> None:
     with sim.installed():
-        assert aiogpu.Stream.adopt(0).device is sim.device(0)  # nothing current: device 0
         sim.device(1).set_current()
-        stream = aiogpu.Stream.adopt(0)
-        assert stream.device is sim.device(1)
+        with pytest.raises(ValueError, match="stream handle 0 means the default stream of whichever device is current"):
+            aiogpu.Stream.adopt(0)
+        stream = aiogpu.Stream.adopt(0, device=sim.device(1))
         assert stream == sim.device(1).default_stream
         sim.context_set_current(0)
 
@@ -147,7 +147,9 @@ def test_adopt_keeps_the_owner_alive_while_open(device: aiogpu.Device) -> None:
     [
         ("stream", TypeError, "expected an object with a __cuda_stream__"),
         (True, TypeError, "cannot adopt True"),
-        (-1, ValueError, "non-negative address"),
+        (-1, ValueError, "64-bit address"),
+        (2**64, ValueError, "64-bit address"),
+        (ProtocolStream(-5), ValueError, "64-bit address"),
         (ProtocolStream(0x1000, version=1), ValueError, "protocol version 1"),
     ],
 )

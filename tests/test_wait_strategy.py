@@ -13,7 +13,7 @@ from aiogpu.testing import SimulatedDriver
 
 def test_default_strategy_round_trip() -> None:
     previous = aiogpu.get_default_wait_strategy()
-    assert previous == "thread"
+    assert previous == "auto"
     try:
         aiogpu.set_default_wait_strategy("poll")
         assert aiogpu.get_default_wait_strategy() == "poll"
@@ -22,7 +22,7 @@ def test_default_strategy_round_trip() -> None:
 
 
 def test_bad_strategy_names() -> None:
-    with pytest.raises(ValueError, match="unknown wait strategy 'spin'; expected one of \\('poll', 'thread'\\)"):
+    with pytest.raises(ValueError, match="unknown wait strategy 'spin'; expected one of \\(.auto., .poll., .thread.\\)"):
         aiogpu.set_default_wait_strategy("spin")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="wait strategy must be a str"):
         aiogpu.set_default_wait_strategy(None)  # type: ignore[arg-type]

@@ -1,43 +1,45 @@
-"""The wake engine: how a task learns, without blocking the loop, that GPU work finished.
+"""How a task learns, without blocking its loop, that GPU work finished: the wait strategies.
 
-Strategies (``WaitStrategy``):
-
+``"auto"`` (the default)
+    Watches closely on the loop thread where completion is near — right after the wait
+    starts, and from just before the completion predicted from the stream's recent waits —
+    and otherwise sleeps: until the prediction on a precise timer thread, or, with nothing to
+    predict, in a waiter thread blocked in the driver. Near busy-spin latency at a fraction of
+    its CPU.
 ``"poll"``
-    Query the event (``cuEventQuery``, ~2 µs) on the loop thread: between every other task's
-    turn for the first 100 µs, then with sleeps growing from 0.25 ms to 2 ms. No threads.
-    Completion is noticed up to ~2 ms late once the sleeps start (asyncio timers cannot sleep
-    under ~1 ms), and each poll costs one driver call on the loop.
+    The same close watch with no thread at all: between watches it sleeps on the loop's own
+    timers, which cannot sleep under ~1 ms, so it watches for longer (more CPU) to keep the
+    latency low.
 ``"thread"``
-    A bounded pool of aiogpu's own threads parks in ``cuEventSynchronize`` on a blocking-sync
-    event (no CPU burnt while waiting) and wakes the loop thread-safely. Many tasks awaiting one
-    recording share one thread. Wake-up costs an OS thread hand-off (tens to a few hundred µs).
+    Nothing on the loop but the wake-up: a waiter thread sleeps until just before the
+    predicted completion and watches closely itself, or blocks in ``cuEventSynchronize`` on a
+    blocking-sync event; then it wakes the loop thread-safely.
 
-The caller (``Event.wait``) has already checkpointed, checked the event and queried it once;
-a strategy is only entered for work that is still pending, and must (1) return once the
-work is complete, (2) raise ``CudaError`` if the driver reports a failure, (3) return promptly
-when cancelled, leaving the GPU work and the event untouched and nothing behind that outlives
-the GPU work.
+All three share one watcher per loop (``_watcher``), which queries only the oldest pending
+wait of each stream, so ten thousand waits cost about as much as the streams they are on.
+``Event.wait`` has already checkpointed, checked and queried the event once; a strategy is only
+entered for work that is still pending. The rule that picks between the strategies' behaviours
+lives in ``_watcher`` (its ``WATCH_UNPREDICTED``, ``LEAD`` and ``COLD_POLL`` tables), measured
+in ``benchmarks/wake.py``.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal, Protocol, get_args
 
-from . import _poll, _thread
+from . import _watcher
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
-
     from .._device import Device
     from .._driver import Driver
     from .._lifetime import HandleLifetime
 
-WaitStrategy = Literal["poll", "thread"]
+WaitStrategy = Literal["auto", "poll", "thread"]
 STRATEGIES: tuple[str, ...] = get_args(WaitStrategy)
 
 
 class WaitTarget(Protocol):
-    """What a strategy needs to know about the event it waits for."""
+    """What the engine needs to know about the event it waits for."""
 
     @property
     def _driver(self) -> Driver: ...
@@ -50,17 +52,22 @@ class WaitTarget(Protocol):
     @property
     def _generation(self) -> int: ...
     @property
+    def _stream_key(self) -> object: ...
+    @property
+    def _recorded_at(self) -> float: ...
+    @property
+    def _record_sequence(self) -> int: ...
+    @property
     def is_blocking_sync(self) -> bool: ...
 
 
-_IMPLEMENTATIONS: dict[str, Callable[[WaitTarget], Awaitable[None]]] = {
-    "poll": _poll.wait,
-    "thread": _thread.wait,
-}
-_default: WaitStrategy = "thread"
+_default: WaitStrategy = "auto"
 
 
-def _check_strategy(strategy: object) -> WaitStrategy:
+def check_strategy(strategy: object) -> WaitStrategy:
+    """``strategy`` if it names a strategy (``None``: the process-wide default)."""
+    if strategy is None:
+        return _default
     if not isinstance(strategy, str):
         raise TypeError(f"wait strategy must be a str, one of {STRATEGIES}; got {strategy!r}")
     if strategy not in STRATEGIES:
@@ -68,25 +75,27 @@ def _check_strategy(strategy: object) -> WaitStrategy:
     return strategy  # type: ignore[return-value]
 
 
-def implementation(strategy: WaitStrategy | None) -> Callable[[WaitTarget], Awaitable[None]]:
-    """The strategy function for ``strategy`` (``None``: the process-wide default)."""
-    return _IMPLEMENTATIONS[_default if strategy is None else _check_strategy(strategy)]
+async def wait(target: WaitTarget, strategy: WaitStrategy) -> None:
+    """Wait (the work is pending) until ``target``'s work completes; raise ``CudaError`` on failure."""
+    await _watcher.current().wait(target, strategy)
 
 
 def set_default_wait_strategy(strategy: WaitStrategy) -> None:
     """Set the strategy ``await event`` uses when the call does not name one.
 
     Args:
-        strategy: ``"poll"`` or ``"thread"``; see the README's "Wait strategies" section.
+        strategy: ``"auto"``, ``"poll"`` or ``"thread"``; see the README's "Wait strategies".
 
     Raises:
         TypeError: ``strategy`` is not a string.
         ValueError: ``strategy`` is not a known strategy.
     """
     global _default
-    _default = _check_strategy(strategy)
+    if strategy is None:
+        raise TypeError(f"wait strategy must be a str, one of {STRATEGIES}; got None")
+    _default = check_strategy(strategy)
 
 
 def get_default_wait_strategy() -> WaitStrategy:
-    """The strategy ``await event`` uses when the call does not name one (initially ``"thread"``)."""
+    """The strategy ``await event`` uses when the call does not name one (initially ``"auto"``)."""
     return _default

@@ -1,37 +1,38 @@
-"""The ``thread`` strategy: aiogpu's own threads park in ``cuEventSynchronize``.
+"""The waiter-thread pool: aiogpu's own threads wait in the driver so that loops never do.
 
 Invariants:
 
-- Only threads of this module ever block in a driver call; the loop thread never does.
-- One *job* per recording of an event (event object, record generation): every task awaiting
-  that recording, on any loop, subscribes to the same job, so one thread serves them all.
-- A waiter thread never runs user code, never raises into a loop and never blocks a loop: it
-  stores the outcome on each subscriber and schedules a wake-up (``_loop.current_waker``).
-- The pool is bounded (``MAX_THREADS``); jobs beyond it queue in FIFO order. Threads exit
-  after ``IDLE_SECONDS`` without work, so an idle process holds no waiter threads.
-- A cancelled awaiter unsubscribes and returns at once. A job that lost all its subscribers
-  before a thread took it is dropped; one already blocked in the driver runs until the GPU
-  work completes (the driver wait cannot be interrupted), then frees its thread. The job keeps
-  the event's handle alive until then, so a ``close()`` meanwhile is deferred, not unsafe.
-- The thread blocks on a ``CU_EVENT_BLOCKING_SYNC`` event, never a spinning one: events that
+- Only threads of this module (and the timer thread, which never calls the driver) run
+  outside an event loop on aiogpu's behalf, and only they may block in a driver call.
+- One *job* per recording of an event (event object, record generation): every subscriber to
+  that recording, from any loop, shares it.
+- A job may first sleep until ``spin_from`` and watch the event closely for a while (the
+  predicted completion is near); otherwise, or if that watch runs out, it blocks in
+  ``cuEventSynchronize`` on a ``CU_EVENT_BLOCKING_SYNC`` event, so it burns no CPU. Events that
   are not blocking-sync are mirrored through a per-thread helper stream and blocking event.
+- A thread never runs user code, never raises into a loop and never blocks a loop: it records
+  when and how it saw the completion on each subscriber and calls its ``notify`` (which only
+  schedules a wake-up on a loop).
+- Bounded: at most ``MAX_THREADS`` threads serve jobs that someone still waits for. Jobs whose
+  subscribers all left (cancelled waits) may keep their thread blocked until the GPU work
+  completes — the driver wait cannot be interrupted — but do not count against that bound, so
+  abandoned waits cannot starve new ones; ``HARD_MAX_THREADS`` caps the total. Jobs beyond the
+  bound queue in FIFO order (the wake engine polls their events meanwhile). A job keeps its
+  event's handle alive until it ends, so a ``close()`` meanwhile is deferred, not unsafe.
+- Threads exit after ``IDLE_SECONDS`` without work: an idle process holds no waiter threads.
 """
 
 from __future__ import annotations
 
-import copy
 import os
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
-from functools import partial
 from typing import TYPE_CHECKING
-
-import anyio
 
 from .. import _driver
 from .._errors import AiogpuError
-from .._loop import current_waker
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -41,25 +42,33 @@ if TYPE_CHECKING:
     from . import WaitTarget
 
 MAX_THREADS = 32
+HARD_MAX_THREADS = 256
 IDLE_SECONDS = 10.0
+SPIN_SECONDS = 1e-3  # how long a thread watches closely around a predicted completion
 
 
-class _Subscriber:
-    __slots__ = ("job", "notify", "outcome")
+class Subscriber:
+    """One party interested in a job; ``notify`` is called (from the job's thread) when it ends."""
+
+    __slots__ = ("detected_at", "exact", "job", "notify", "outcome")
 
     def __init__(self, notify: Callable[[], None], job: _Job) -> None:
         self.notify = notify
         self.job = job
         self.outcome: BaseException | None = None
+        self.detected_at = 0.0  # time.perf_counter() when the thread saw the completion
+        self.exact = False  # seen by a close watch, not by a blocking wait
 
 
 class _Job:
-    __slots__ = ("key", "subscribers", "target")
+    __slots__ = ("key", "running", "spin_from", "subscribers", "target")
 
-    def __init__(self, key: tuple[int, int], target: WaitTarget) -> None:
+    def __init__(self, key: tuple[int, int], target: WaitTarget, spin_from: float | None) -> None:
         self.key = key
         self.target = target
-        self.subscribers: list[_Subscriber] = []
+        self.spin_from = spin_from
+        self.running = False
+        self.subscribers: dict[Subscriber, None] = {}  # insertion-ordered set: O(1) removal
 
 
 @dataclass(frozen=True)
@@ -70,6 +79,7 @@ class PoolStatistics:
     idle_threads: int
     queued_jobs: int
     running_jobs: int
+    abandoned_jobs: int
     subscribers: int
 
 
@@ -98,27 +108,37 @@ class _Helpers:
         self._by_context.clear()
 
 
-def _synchronize(target: WaitTarget, helpers: _Helpers) -> None:
-    """Block this (waiter) thread until the target's captured work is complete."""
+def _synchronize(target: WaitTarget, helpers: _Helpers, spin_from: float | None) -> bool:
+    """Block this (waiter) thread until the target's work is complete; True if seen by spinning."""
     driver, device = target._driver, target._device
+    if spin_from is not None:
+        delay = spin_from - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        give_up = time.perf_counter() + SPIN_SECONDS
+        while time.perf_counter() < give_up:
+            if driver.event_query(target._handle):
+                return True
     if driver.context_get_current() != device._context:
         driver.context_set_current(device._context)
     if target.is_blocking_sync:
         driver.event_synchronize(target._handle)
-        return
+        return False
     stream, mirror = helpers.get(driver, device)
     driver.stream_wait_event(stream, target._handle)
     driver.event_record(mirror, stream)
     driver.event_synchronize(mirror)
+    return False
 
 
 class _Pool:
-    def __init__(self, max_threads: int, idle_seconds: float) -> None:
+    def __init__(self, max_threads: int, hard_max_threads: int, idle_seconds: float) -> None:
         self._max_threads = max_threads
+        self._hard_max_threads = hard_max_threads
         self._idle_seconds = idle_seconds
         self._lock = threading.Lock()
-        self._work = threading.Condition(self._lock)
-        self._quiet = threading.Condition(self._lock)  # notified when no job is left
+        self._work = threading.Condition(self._lock)  # notified: a job was queued
+        self._quiet = threading.Condition(self._lock)  # notified: no job left, or a thread exited
         self._queue: deque[_Job] = deque()
         self._jobs: dict[tuple[int, int], _Job] = {}
         self._threads = 0
@@ -126,56 +146,63 @@ class _Pool:
         self._stop_idle = False
         self._serial = 0
 
-    def subscribe(self, target: WaitTarget, notify: Callable[[], None]) -> _Subscriber:
+    def subscribe(self, target: WaitTarget, notify: Callable[[], None], spin_from: float | None = None) -> Subscriber:
         key = (id(target), target._generation)
         with self._lock:
             job = self._jobs.get(key)
             if job is None:
                 target._lifetime.acquire()  # released when the job has finished
-                job = self._jobs[key] = _Job(key, target)
+                job = self._jobs[key] = _Job(key, target, spin_from)
                 self._queue.append(job)
                 self._dispatch()
-            subscriber = _Subscriber(notify, job)
-            job.subscribers.append(subscriber)
+            subscriber = Subscriber(notify, job)
+            job.subscribers[subscriber] = None
         return subscriber
 
-    def unsubscribe(self, subscriber: _Subscriber) -> None:
+    def unsubscribe(self, subscriber: Subscriber) -> None:
         with self._lock:
-            if subscriber in subscriber.job.subscribers:  # not yet delivered
-                subscriber.job.subscribers.remove(subscriber)
+            job = subscriber.job
+            job.subscribers.pop(subscriber, None)
+            if job.running and not job.subscribers and self._queue:
+                self._dispatch()  # an abandoned job no longer counts: maybe start a queued one
+
+    def _serving(self) -> int:  # with self._lock held: threads on jobs someone waits for
+        return sum(1 for job in self._jobs.values() if job.running and job.subscribers)
 
     def _dispatch(self) -> None:  # with self._lock held
-        if self._idle > len(self._queue) - 1:
+        if self._idle >= len(self._queue):
             self._work.notify()
-        elif self._threads < self._max_threads:
+        elif self._threads < self._hard_max_threads and self._serving() < self._max_threads:
             self._threads += 1
             self._serial += 1
-            name = f"aiogpu-waiter-{self._serial}"
-            threading.Thread(target=self._run, name=name, daemon=True).start()
+            threading.Thread(target=self._run, name=f"aiogpu-waiter-{self._serial}", daemon=True).start()
 
     def _next_job(self) -> _Job | None:
         """The next job with someone waiting for it, or ``None`` when this thread should exit."""
+        dropped: list[_Job] = []
         with self._lock:
             while True:
                 while self._queue:
                     job = self._queue.popleft()
                     if job.subscribers:
-                        return job
-                    self._drop(job)  # every awaiter was cancelled before it started
-                if self._stop_idle:
-                    break
-                self._idle += 1
-                notified = self._work.wait(self._idle_seconds)
-                self._idle -= 1
-                if not notified and not self._queue:
-                    break
-            self._threads -= 1
-            self._work.notify_all()  # wake stop_idle_threads()
-            return None
-
-    def _drop(self, job: _Job) -> None:  # with self._lock held
-        self._forget(job)
-        job.target._lifetime.release()
+                        job.running = True
+                        break
+                    self._forget(job)  # every subscriber left before it started
+                    dropped.append(job)
+                else:
+                    if not self._stop_idle:
+                        self._idle += 1
+                        notified = self._work.wait(self._idle_seconds)
+                        self._idle -= 1
+                        if notified or self._queue:
+                            continue
+                    self._threads -= 1
+                    self._quiet.notify_all()
+                    job = None
+                break
+        for abandoned in dropped:  # outside the lock: the release may destroy the event
+            abandoned.target._lifetime.release()
+        return job
 
     def _forget(self, job: _Job) -> None:  # with self._lock held
         del self._jobs[job.key]
@@ -187,27 +214,39 @@ class _Pool:
         try:
             while (job := self._next_job()) is not None:
                 outcome: BaseException | None = None
+                exact = False
                 try:
-                    _synchronize(job.target, helpers)
-                except Exception as exc:  # delivered to every awaiter, never raised here
+                    exact = _synchronize(job.target, helpers, job.spin_from)
+                except Exception as exc:  # delivered to every subscriber, never raised here
                     outcome = exc
+                detected_at = time.perf_counter()
                 with self._lock:
                     self._forget(job)
-                    subscribers, job.subscribers = job.subscribers, []  # late unsubscribes: no-ops
-                for subscriber in subscribers:
-                    subscriber.outcome = outcome
-                    subscriber.notify()
-                job.target._lifetime.release()
+                    subscribers = list(job.subscribers)
+                    job.subscribers.clear()  # late unsubscribes become no-ops
+                try:
+                    for subscriber in subscribers:
+                        subscriber.outcome = outcome
+                        subscriber.detected_at = detected_at
+                        subscriber.exact = exact
+                        try:
+                            subscriber.notify()
+                        except Exception:  # notify only schedules; never let it kill the thread
+                            pass
+                finally:
+                    job.target._lifetime.release()
         finally:
             helpers.close()
 
     def statistics(self) -> PoolStatistics:
         with self._lock:
+            running = [job for job in self._jobs.values() if job.running]
             return PoolStatistics(
                 threads=self._threads,
                 idle_threads=self._idle,
                 queued_jobs=len(self._queue),
-                running_jobs=len(self._jobs) - len(self._queue),
+                running_jobs=len(running),
+                abandoned_jobs=sum(1 for job in running if not job.subscribers),
                 subscribers=sum(len(job.subscribers) for job in self._jobs.values()),
             )
 
@@ -221,7 +260,7 @@ class _Pool:
         with self._lock:
             self._stop_idle = True
             self._work.notify_all()
-            self._work.wait_for(lambda: self._idle == 0, timeout)
+            self._quiet.wait_for(lambda: self._threads == sum(job.running for job in self._jobs.values()), timeout)
             self._stop_idle = False
 
 
@@ -234,7 +273,7 @@ def pool() -> _Pool:
     global _the_pool
     with _pool_lock:
         if _the_pool is None:
-            _the_pool = _Pool(MAX_THREADS, IDLE_SECONDS)
+            _the_pool = _Pool(MAX_THREADS, HARD_MAX_THREADS, IDLE_SECONDS)
         return _the_pool
 
 
@@ -244,15 +283,3 @@ def _forget_pool_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_pool_in_child)
-
-
-async def wait(target: WaitTarget) -> None:
-    done = anyio.Event()
-    subscriber = pool().subscribe(target, partial(current_waker(), done.set))
-    try:
-        await done.wait()
-    except BaseException:
-        pool().unsubscribe(subscriber)
-        raise
-    if subscriber.outcome is not None:
-        raise copy.copy(subscriber.outcome)

@@ -21,10 +21,8 @@ so no background thread exists.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import math
-import sys
 import threading
 import time
 from collections import deque
@@ -41,6 +39,7 @@ from .._driver import (
     IPC_HANDLE_SIZE,
     cuda_error,
 )
+from .._loop import in_trio_run, running_asyncio_loop
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -119,6 +118,8 @@ class SimulatedStatistics:
         live_events: Event handles created and not destroyed.
         live_streams: Stream handles created and not destroyed (default streams excluded).
         live_latches: Latches created and not destroyed.
+        lifetime_violations: Handles destroyed twice, or destroyed while a thread was
+            synchronizing on them (undefined behaviour on a real GPU; aiogpu must never do it).
         spin_synchronizations: Synchronize calls that had to wait and spun (an event without the
             blocking-sync flag).
         blocking_synchronizations: Synchronize calls (event or stream) that had to wait and slept.
@@ -127,6 +128,7 @@ class SimulatedStatistics:
     live_events: int
     live_streams: int
     live_latches: int
+    lifetime_violations: int
     spin_synchronizations: int
     blocking_synchronizations: int
 
@@ -206,6 +208,8 @@ class SimulatedDriver:
         self._spins = 0
         self._sleeps = 0
         self._blocked = 0  # threads inside a synchronize call right now
+        self._synchronizing: dict[int, int] = {}  # event handle -> threads synchronizing on it
+        self._violations = 0
         self._current = threading.local()
 
     # -- test controls --------------------------------------------------------------------
@@ -267,6 +271,7 @@ class SimulatedDriver:
                 live_events=len(self._events),
                 live_streams=len(self._streams),
                 live_latches=len(self._latches),
+                lifetime_violations=self._violations,
                 spin_synchronizations=self._spins,
                 blocking_synchronizations=self._sleeps,
             )
@@ -335,6 +340,8 @@ class SimulatedDriver:
 
     def stream_destroy(self, stream: int) -> None:
         with self._changed:
+            if stream not in DEFAULT_STREAM_HANDLES and stream not in self._streams:
+                self._violations += 1
             if stream in DEFAULT_STREAM_HANDLES or stream not in self._streams:  # default streams are not destroyable
                 raise cuda_error(_driver.result_code("CUDA_ERROR_INVALID_HANDLE"), "cuStreamDestroy")
             del self._streams[stream]
@@ -383,6 +390,8 @@ class SimulatedDriver:
 
     def event_destroy(self, event: int) -> None:
         with self._changed:
+            if event not in self._events or self._synchronizing.get(event):
+                self._violations += 1
             self._event(event, "cuEventDestroy")
             del self._events[event]
 
@@ -410,7 +419,13 @@ class SimulatedDriver:
         with self._changed:
             sim_event = self._event(event, "cuEventSynchronize")
             spin = not sim_event.flags & EVENT_BLOCKING_SYNC
-            self._block("cuEventSynchronize", spin=spin, done=lambda now: self._event_done(sim_event, now, "cuEventSynchronize"))
+            self._synchronizing[event] = self._synchronizing.get(event, 0) + 1
+            try:
+                self._block(
+                    "cuEventSynchronize", spin=spin, done=lambda now: self._event_done(sim_event, now, "cuEventSynchronize")
+                )
+            finally:
+                self._synchronizing[event] -= 1
 
     def event_elapsed_time(self, start: int, end: int) -> float:
         with self._changed:
@@ -621,18 +636,11 @@ class SimulatedDriver:
     def _next_deadline(self) -> float | None:
         """Seconds until the earliest timed op at a stream head could complete (None: none)."""
         now = time.monotonic()
+        for stream in list(self._busy):  # pop work that is done, wherever nobody asked yet
+            self._advance(stream, now)
         deadlines = [s.head_started + s.ops[0].duration - now for s in self._busy if s.ops[0].duration is not None]
         return min(max(0.0, min(deadlines)), threading.TIMEOUT_MAX) if deadlines else None
 
 
 def _running_event_loop() -> bool:
-    if asyncio._get_running_loop() is not None:
-        return True
-    trio = sys.modules.get("trio")
-    if trio is not None:
-        try:
-            trio.lowlevel.current_trio_token()
-        except RuntimeError:
-            return False
-        return True
-    return False
+    return running_asyncio_loop() is not None or in_trio_run() is not None

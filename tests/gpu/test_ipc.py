@@ -78,6 +78,7 @@ def test_an_awaiter_in_another_process_wakes_when_the_event_completes(
 
 def test_the_exporting_process_cannot_open_its_own_handle(gpu: aiogpu.Device) -> None:
     with aiogpu.Event(gpu, interprocess=True) as event:
+        event.record()
         with pytest.raises(ValueError, match="exported by this process"):
             aiogpu.Event.from_ipc_handle(event.ipc_handle())
         with pytest.raises(ValueError, match="exported by this process"):

@@ -1,0 +1,94 @@
+"""A precise timer thread: call a (thread-safe, non-blocking) callback at a given time.
+
+Event-loop timers are too coarse for the wake engine: asyncio and libuv round sleeps up to
+whole milliseconds. An OS thread sleeping on a condition wakes within tens of µs of its
+deadline (Linux timer slack is 50 µs), so the ``auto`` strategy parks here and lets this thread
+poke the loop shortly before the predicted completion. The callbacks only schedule work on a
+loop (``Backend.waker``); they never block and never raise into this thread.
+
+One thread per process, started on first use and gone after ``IDLE_SECONDS`` without timers.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import os
+import threading
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+IDLE_SECONDS = 10.0
+
+
+class Timer:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._heap: list[tuple[float, int, Callable[[], None]]] = []
+        self._live: set[int] = set()  # handles neither fired nor cancelled
+        self._serial = itertools.count()
+        self._running = False
+
+    def call_at(self, when: float, callback: Callable[[], None]) -> int:
+        """Run ``callback`` on the timer thread at ``time.perf_counter() == when``; return a handle."""
+        with self._lock:
+            handle = next(self._serial)
+            self._live.add(handle)
+            heapq.heappush(self._heap, (when, handle, callback))
+            if not self._running:
+                self._running = True
+                threading.Thread(target=self._run, name="aiogpu-timer", daemon=True).start()
+            elif self._heap[0][1] == handle:
+                self._changed.notify()
+            return handle
+
+    def cancel(self, handle: int) -> None:
+        """Forget ``handle`` if it has not fired yet (its heap entry is dropped lazily)."""
+        with self._lock:
+            self._live.discard(handle)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while True:
+                    while self._heap and self._heap[0][1] not in self._live:
+                        heapq.heappop(self._heap)
+                    if not self._heap:
+                        if not self._changed.wait(IDLE_SECONDS) and not self._heap:
+                            self._running = False
+                            return
+                        continue
+                    delay = self._heap[0][0] - time.perf_counter()
+                    if delay <= 0:
+                        _, handle, callback = heapq.heappop(self._heap)
+                        self._live.discard(handle)
+                        break
+                    self._changed.wait(delay)
+            try:
+                callback()
+            except Exception:  # a callback only schedules; never let it kill the timer
+                pass
+
+
+_timer_lock = threading.Lock()
+_timer: Timer | None = None
+
+
+def timer() -> Timer:
+    global _timer
+    with _timer_lock:
+        if _timer is None:
+            _timer = Timer()
+        return _timer
+
+
+def _forget_in_child() -> None:
+    global _timer
+    _timer = None
+
+
+os.register_at_fork(after_in_child=_forget_in_child)

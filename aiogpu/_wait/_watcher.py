@@ -1,0 +1,343 @@
+"""The wake engine: one watcher per event loop sees every pending wait of that loop.
+
+Rules this file keeps:
+
+1. Work on one stream completes in order. Waits are queued per stream (the stream the event
+   was recorded on) and only the oldest pending wait of each stream is queried, so a sweep
+   costs O(streams), not O(waiters); when it completes, the next ones are checked at once.
+2. Waiting tasks never poll: each parks on a ``Signal`` that the watcher (a system task of the
+   loop) sets. Many tasks awaiting one recording share one entry.
+3. Where to watch from is the strategy's choice, per stream queue (the head's strategy):
+   ``auto`` watches closely on the loop (query, yield, query...) near the completion — right
+   after the wait starts, and from just before the predicted completion (``_predict``) — and
+   otherwise parks: on the precise timer thread until the predicted time, or on a waiter
+   thread blocked in the driver when nothing is predicted. ``poll`` does the same with loop
+   timers only (no thread at all), so it parks coarsely and watches for longer. ``thread``
+   never watches on the loop: a waiter thread sleeps until just before the predicted
+   completion, watches closely itself, else blocks in the driver, and pokes the loop.
+4. Every cold queue is also queried on a back-off schedule, so a waiter thread that is queued
+   behind a saturated pool, or a host-side hazard, costs latency, never a hang.
+5. Query failures (``CudaError``, for example a sticky kernel fault) are delivered to every
+   waiter of that stream; nothing raised here reaches the loop.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+import weakref
+from collections import deque
+from typing import TYPE_CHECKING, Literal
+
+from .. import _loop
+from . import _predict, _thread, _timer
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from .._loop import Backend, Signal
+    from . import WaitTarget
+
+Mode = Literal["auto", "poll", "thread"]
+
+#: After a wait starts with nothing predicted: how long to watch closely before parking.
+WATCH_UNPREDICTED = {"auto": 100e-6, "poll": 2e-3, "thread": 0.0}
+#: How long before the predicted completion close watching starts (covers wake-up jitter:
+#: the timer thread's ~50-100 µs, the loop timers' ~1 ms).
+LEAD = {"auto": 150e-6, "poll": 1.5e-3, "thread": 150e-6}
+#: Parked queues are queried at least this often (first, then doubling to the cap).
+COLD_POLL = {"auto": (1e-3, 10e-3), "poll": (0.25e-3, 2e-3), "thread": (1e-3, 10e-3)}
+#: Consecutive queries closer than this make a completion time exact for the predictor.
+EXACT_WITHIN = 50e-6
+
+
+def _watch_past_prediction(estimate: float) -> float:
+    return max(100e-6, 0.25 * estimate)
+
+
+class _Entry:
+    """One recording of one event that tasks of this loop are waiting for."""
+
+    __slots__ = ("error", "generation", "mode", "recorded_at", "sequence", "signals", "target")
+
+    def __init__(self, target: WaitTarget, mode: Mode) -> None:
+        self.target = target
+        self.mode = mode
+        self.generation = target._generation
+        self.recorded_at = target._recorded_at
+        self.sequence = target._record_sequence
+        self.signals: dict[Signal, None] = {}
+        self.error: BaseException | None = None
+
+
+class _Queue:
+    """The pending entries of one stream, oldest first, and how the head is being watched."""
+
+    __slots__ = (
+        "backoff",
+        "backstop",
+        "entries",
+        "key",
+        "last_query",
+        "next_poll",
+        "predictor",
+        "previous_done",
+        "start",
+        "watch_from",
+        "watch_until",
+    )
+
+    def __init__(self, key: object) -> None:
+        self.key = key
+        self.entries: deque[_Entry] = deque()
+        self.predictor = _predict.for_stream(key)
+        self.previous_done = 0.0
+        self.backstop: _thread.Subscriber | None = None
+        self.start = self.watch_from = self.watch_until = self.next_poll = self.last_query = 0.0
+        self.backoff = 0.0
+
+
+class Watcher:
+    def __init__(self, backend: Backend) -> None:
+        self._backend = backend
+        self._entries: dict[tuple[int, int], _Entry] = {}
+        self._queues: dict[object, _Queue] = {}
+        self._running = False
+        self._park_signal: Signal | None = None
+        self._poked = False
+
+    # -- the waiting task's side --------------------------------------------------------------
+    async def wait(self, target: WaitTarget, mode: Mode) -> None:
+        key = (id(target), target._generation)
+        entry = self._entries.get(key)
+        if entry is None:
+            entry = self._entries[key] = _Entry(target, mode)
+            self._enqueue(entry, time.perf_counter())
+        signal = self._backend.new_signal()
+        entry.signals[signal] = None
+        if not self._running:
+            self._running = True
+            self._backend.spawn_system_task(self._run)
+        else:
+            self._poke()
+        try:
+            await signal.wait()
+        except BaseException:
+            self._leave(entry, signal)
+            raise
+        if entry.error is not None:
+            raise copy.copy(entry.error)
+
+    def _leave(self, entry: _Entry, signal: Signal) -> None:
+        entry.signals.pop(signal, None)
+        if not entry.signals and self._entries.get((id(entry.target), entry.generation)) is entry:
+            del self._entries[(id(entry.target), entry.generation)]  # the queue drops it lazily
+
+    def _enqueue(self, entry: _Entry, now: float) -> None:
+        """Queue ``entry`` in record order (waits may start in any order; streams complete in order)."""
+        key = entry.target._stream_key
+        queue = self._queues.get(key)
+        if queue is None:
+            queue = self._queues[key] = _Queue(key)
+        entries = queue.entries
+        position = len(entries)
+        while position and entries[position - 1].sequence > entry.sequence:
+            position -= 1
+        entries.insert(position, entry)
+        if position == 0:
+            self._new_head(queue, now)
+
+    # -- the watcher task ---------------------------------------------------------------------
+    async def _run(self) -> None:
+        try:
+            while self._queues:
+                self._sweep(time.perf_counter())
+                if not self._queues:
+                    break
+                now = time.perf_counter()
+                wake_at, precise = self._plan(now)
+                if wake_at <= now:
+                    await self._backend.yield_now()
+                else:
+                    await self._park(now, wake_at, precise)
+        except BaseException as exc:  # cancelled with its loop, or a bug: nobody may hang
+            self._fail_all(exc if isinstance(exc, Exception) else RuntimeError("the event loop is shutting down"))
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            self._running = False
+            for queue in self._queues.values():
+                self._drop_backstop(queue)
+
+    def _sweep(self, now: float) -> None:
+        for queue in list(self._queues.values()):
+            entries = queue.entries
+            while entries:
+                entry = entries[0]
+                if not entry.signals:
+                    entries.popleft()  # every task waiting for it left
+                    self._next_head(queue, now, done=False)
+                    continue
+                target = entry.target
+                if target._generation != entry.generation:
+                    entries.popleft()  # re-recorded: it now waits for the new recording
+                    self._rekey(entry, now)
+                    self._next_head(queue, now, done=False)
+                    continue
+                try:
+                    done = target._driver.event_query(target._handle)
+                except Exception as exc:
+                    self._fail_queue(queue, exc)
+                    break
+                if not done:
+                    queue.last_query = now
+                    break
+                entries.popleft()
+                self._learn(queue, now)
+                self._complete(entry)
+                self._next_head(queue, now, done=True)
+            if not entries:
+                self._drop_backstop(queue)
+                del self._queues[queue.key]
+
+    def _plan(self, now: float) -> tuple[float, bool]:
+        """When to look next (``<= now``: at once), and whether a precise wake-up is needed."""
+        wake_at, precise = math.inf, False
+        for queue in self._queues.values():
+            mode = queue.entries[0].mode
+            if mode != "thread" and queue.watch_from <= now <= queue.watch_until:
+                return now, False
+            if mode != "thread" and now < queue.watch_from:
+                if queue.watch_from < wake_at:
+                    wake_at, precise = queue.watch_from, mode == "auto"
+                continue
+            if mode != "poll" and queue.backstop is None:
+                self._start_backstop(queue, None)
+            if now >= queue.next_poll:  # it was just queried by the sweep: back off
+                queue.next_poll = now + queue.backoff
+                queue.backoff = min(2 * queue.backoff, COLD_POLL[mode][1])
+            if queue.next_poll < wake_at:
+                wake_at, precise = queue.next_poll, False
+        return wake_at, precise
+
+    async def _park(self, now: float, wake_at: float, precise: bool) -> None:
+        self._poked = False
+        signal = self._park_signal = self._backend.new_signal()
+        handle = None
+        try:
+            if precise:
+                handle = _timer.timer().call_at(wake_at, self._poke_threadsafe)
+                await signal.wait()
+            else:
+                await self._backend.wait_signal(signal, wake_at - now)
+        finally:
+            self._park_signal = None
+            if handle is not None:
+                _timer.timer().cancel(handle)
+
+    def _poke(self) -> None:
+        """Look again now (loop thread): a new wait, a thread saw a completion, a timer fired."""
+        self._poked = True
+        if self._park_signal is not None:
+            self._park_signal.set()
+
+    def _poke_threadsafe(self) -> None:
+        self._backend.waker(self._poke)
+
+    # -- per-queue bookkeeping ----------------------------------------------------------------
+    def _new_head(self, queue: _Queue, now: float) -> None:
+        """Plan how to watch the queue's (new) oldest entry."""
+        self._drop_backstop(queue)
+        head = queue.entries[0]
+        mode = head.mode
+        queue.start = max(head.recorded_at, queue.previous_done)
+        queue.last_query = 0.0
+        queue.backoff = COLD_POLL[mode][0]
+        estimate = queue.predictor.estimate
+        if estimate is None:
+            queue.watch_from, queue.watch_until = now, now + WATCH_UNPREDICTED[mode]
+        else:
+            expected = queue.start + estimate
+            queue.watch_from = expected - LEAD[mode]
+            queue.watch_until = expected + _watch_past_prediction(estimate)
+        queue.next_poll = max(now, queue.watch_until) + queue.backoff
+        if mode == "thread":
+            self._start_backstop(queue, queue.watch_from if estimate is not None else None)
+
+    def _next_head(self, queue: _Queue, now: float, *, done: bool) -> None:
+        if done:
+            queue.previous_done = now
+        if queue.entries:
+            self._new_head(queue, now)
+
+    def _learn(self, queue: _Queue, now: float) -> None:
+        backstop = queue.backstop
+        if backstop is not None and backstop.detected_at:  # a waiter thread saw it first
+            queue.predictor.observe(backstop.detected_at - queue.start, exact=backstop.exact)
+        else:
+            exact = now - queue.last_query <= EXACT_WITHIN
+            queue.predictor.observe(now - queue.start, exact=exact)
+
+    def _start_backstop(self, queue: _Queue, spin_from: float | None) -> None:
+        queue.backstop = _thread.pool().subscribe(queue.entries[0].target, self._poke_threadsafe, spin_from)
+
+    def _drop_backstop(self, queue: _Queue) -> None:
+        if queue.backstop is not None:
+            _thread.pool().unsubscribe(queue.backstop)
+            queue.backstop = None
+
+    def _rekey(self, entry: _Entry, now: float) -> None:
+        target = entry.target
+        if self._entries.get((id(target), entry.generation)) is entry:
+            del self._entries[(id(target), entry.generation)]
+        entry.generation = target._generation
+        entry.recorded_at = target._recorded_at
+        entry.sequence = target._record_sequence
+        self._entries.setdefault((id(target), entry.generation), entry)
+        self._enqueue(entry, now)
+
+    # -- outcomes -----------------------------------------------------------------------------
+    def _complete(self, entry: _Entry) -> None:
+        key = (id(entry.target), entry.generation)
+        if self._entries.get(key) is entry:
+            del self._entries[key]
+        for signal in entry.signals:
+            signal.set()
+
+    def _fail_queue(self, queue: _Queue, error: BaseException) -> None:
+        for entry in queue.entries:
+            entry.error = error
+            self._complete(entry)
+        queue.entries.clear()
+
+    def _fail_all(self, error: BaseException) -> None:
+        for queue in list(self._queues.values()):
+            self._fail_queue(queue, error)
+
+
+_asyncio_watchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Watcher] = weakref.WeakKeyDictionary()
+_trio_watcher_var: object = None
+
+
+def current() -> Watcher:
+    """The watcher of the running loop (per loop: never shared between loops)."""
+    loop = _loop.running_asyncio_loop()
+    if loop is not None:
+        watcher = _asyncio_watchers.get(loop)
+        if watcher is None:
+            watcher = _asyncio_watchers[loop] = Watcher(_loop.AsyncioBackend(loop))
+        return watcher
+    trio = _loop.in_trio_run()
+    if trio is None:
+        raise RuntimeError("aiogpu waits need a running asyncio, uvloop or trio event loop")
+    global _trio_watcher_var
+    if _trio_watcher_var is None:
+        _trio_watcher_var = trio.lowlevel.RunVar("aiogpu_watcher")
+    run_var = _trio_watcher_var
+    try:
+        return run_var.get()  # type: ignore[attr-defined,no-any-return]
+    except LookupError:
+        watcher = Watcher(_loop.TrioBackend(trio))
+        run_var.set(watcher)  # type: ignore[attr-defined]
+        return watcher
