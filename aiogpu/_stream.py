@@ -19,6 +19,7 @@ from ._device import Device
 from ._driver import DEFAULT_STREAM_HANDLES, STREAM_NON_BLOCKING, default_driver
 from ._event import Event, _check_flag
 from ._lifetime import HandleLifetime
+from ._wait import _predict
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -258,7 +259,7 @@ class Stream:
             )
         with self._context():
             self._driver.event_record(event._handle, self._handle)
-        event._mark_recorded((id(self._device), self._handle))
+        event._mark_recorded(self._wait_key)
 
     def wait_for(self, other: Event | Stream | Device) -> None:
         """Make work enqueued on this stream from now on wait, on the device, for ``other``.
@@ -330,6 +331,8 @@ class Stream:
 
         Work already enqueued still runs to completion (``cuStreamDestroy`` semantics).
         """
+        if self.is_owned and not self._lifetime.closed:
+            _predict.forget(self._wait_key)
         self._lifetime.close()
         self._owner = None
 
@@ -338,6 +341,11 @@ class Stream:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.close()
+
+    @property
+    def _wait_key(self) -> tuple[int, int]:
+        """Identifies the stream to the wake engine (which queues waits per stream)."""
+        return (id(self._device), self._handle)
 
     def _context(self) -> AbstractContextManager[None]:
         # Default-stream handles resolve through the current context: make ours current.

@@ -88,7 +88,7 @@ async def time_waits(
     wait: Callable[[], Awaitable[None]], stream: aiogpu.Stream, work: float, waits: int
 ) -> tuple[list[float], float]:
     """Launch ``work`` seconds of GPU work and wait for it, ``waits`` times; (latencies, CPU s)."""
-    for _ in range(3):  # warm up: kernels loaded, threads started
+    for _ in range(10):  # warm up: kernels loaded, threads started, completion times learned
         launch_spin(stream, work)
         await wait()
     samples = []
@@ -122,11 +122,11 @@ async def loop_lag(wait: Callable[[], Awaitable[None]], stream: aiogpu.Stream, w
 
 async def latency_cases(device: aiogpu.Device, quick: bool) -> list[LatencyRow]:
     rows = []
-    with aiogpu.Stream(device) as stream:
-        for work in WORKLOADS:
-            waits = (30 if quick else 100) if work >= 1e-3 else (100 if quick else 400)
-            floor: LatencyRow | None = None
-            for name, make in baselines.latency_waiters(device):
+    for work in WORKLOADS:
+        waits = (30 if quick else 100) if work >= 1e-3 else (100 if quick else 400)
+        floor: LatencyRow | None = None
+        for name, make in baselines.latency_waiters(device):
+            with aiogpu.Stream(device) as stream:  # a fresh stream: nothing learned from other cases
                 wait, close = make(stream)
                 try:
                     samples, cpu = await time_waits(wait, stream, work, waits)

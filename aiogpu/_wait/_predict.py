@@ -7,10 +7,13 @@ only from there (CUDA.jl and NVIDIA's cuda-async spin briefly; gpu-async-reactor
 predicted deadline). A recording's work starts when it was recorded or when the recording
 before it on the stream completed, whichever is later.
 
-Samples are *exact* when the completion was seen by a close watch (within tens of µs) and
-*late* otherwise (seen by a sleeping thread or a coarse poll: an upper bound). An exact sample
-moves the estimate by a moving average; a late one shrinks it if it is smaller (we woke too
-late) and pulls it up halfway otherwise.
+An observation is a bracket: the work was still pending at ``lower`` (the last query that
+said so) and done by ``upper`` (when it was seen). A narrow bracket (a close watch) is exact and
+moves the estimate by a moving average. A wide one whose ``lower`` is past the estimate says
+the work took longer: the estimate moves halfway to the bracket's middle. A wide one that does
+not contradict the estimate means we looked too late — the work may have finished long before —
+so the estimate shrinks, by a step that doubles while that keeps happening: waking early costs
+a little CPU, waking late costs latency.
 """
 
 from __future__ import annotations
@@ -19,31 +22,46 @@ import threading
 from collections import OrderedDict
 
 _ALPHA = 0.3
+_FIRST_SHRINK = 0.02
+_MAX_SHRINK = 0.5
 _MAX_STREAMS = 4096
+#: A bracket this narrow counts as an exact completion time.
+EXACT_WITHIN = 50e-6
 
 
 class Predictor:
     """The learned duration of one stream's recordings (seconds), or ``None`` before any."""
 
-    __slots__ = ("estimate",)
+    __slots__ = ("_shrink", "estimate")
 
     def __init__(self) -> None:
         self.estimate: float | None = None
+        self._shrink = _FIRST_SHRINK
 
-    def observe(self, duration: float, *, exact: bool) -> None:
+    def observe(self, lower: float, upper: float) -> None:
+        """The work was pending ``lower`` seconds after it started and done by ``upper``."""
         estimate = self.estimate
         if estimate is None:
-            self.estimate = duration
-        elif exact:
-            self.estimate = estimate + _ALPHA * (duration - estimate)
-        elif duration < estimate:
-            self.estimate = duration
+            self.estimate = upper
+        elif upper - lower <= EXACT_WITHIN:
+            self.estimate = estimate + _ALPHA * (upper - estimate)
+            self._shrink = _FIRST_SHRINK
+        elif lower >= estimate:
+            self.estimate = estimate + 0.5 * ((lower + upper) / 2 - estimate)
+            self._shrink = _FIRST_SHRINK
         else:
-            self.estimate = estimate + 0.5 * (duration - estimate)
+            self.estimate = max(lower, min(estimate, upper) * (1 - self._shrink))
+            self._shrink = min(2 * self._shrink, _MAX_SHRINK)
 
 
 _lock = threading.Lock()
 _predictors: OrderedDict[object, Predictor] = OrderedDict()
+
+
+def forget(key: object) -> None:
+    """Drop what was learned about stream ``key`` (it was destroyed; its handle may be reused)."""
+    with _lock:
+        _predictors.pop(key, None)
 
 
 def for_stream(key: object) -> Predictor:

@@ -50,14 +50,14 @@ SPIN_SECONDS = 1e-3  # how long a thread watches closely around a predicted comp
 class Subscriber:
     """One party interested in a job; ``notify`` is called (from the job's thread) when it ends."""
 
-    __slots__ = ("detected_at", "exact", "job", "notify", "outcome")
+    __slots__ = ("detected_at", "job", "notify", "outcome", "pending_at")
 
     def __init__(self, notify: Callable[[], None], job: _Job) -> None:
         self.notify = notify
         self.job = job
         self.outcome: BaseException | None = None
+        self.pending_at = 0.0  # time.perf_counter() when the thread last saw the work pending
         self.detected_at = 0.0  # time.perf_counter() when the thread saw the completion
-        self.exact = False  # seen by a close watch, not by a blocking wait
 
 
 class _Job:
@@ -108,27 +108,32 @@ class _Helpers:
         self._by_context.clear()
 
 
-def _synchronize(target: WaitTarget, helpers: _Helpers, spin_from: float | None) -> bool:
-    """Block this (waiter) thread until the target's work is complete; True if seen by spinning."""
+def _synchronize(target: WaitTarget, helpers: _Helpers, spin_from: float | None) -> float:
+    """Block this (waiter) thread until the target's work is complete.
+
+    Returns when the work was last seen pending (``time.perf_counter()``; 0.0 if never).
+    """
     driver, device = target._driver, target._device
+    pending_at = 0.0
     if spin_from is not None:
         delay = spin_from - time.perf_counter()
         if delay > 0:
             time.sleep(delay)
         give_up = time.perf_counter() + SPIN_SECONDS
-        while time.perf_counter() < give_up:
+        while (now := time.perf_counter()) < give_up:
             if driver.event_query(target._handle):
-                return True
+                return pending_at
+            pending_at = now
     if driver.context_get_current() != device._context:
         driver.context_set_current(device._context)
     if target.is_blocking_sync:
         driver.event_synchronize(target._handle)
-        return False
+        return pending_at
     stream, mirror = helpers.get(driver, device)
     driver.stream_wait_event(stream, target._handle)
     driver.event_record(mirror, stream)
     driver.event_synchronize(mirror)
-    return False
+    return pending_at
 
 
 class _Pool:
@@ -214,9 +219,9 @@ class _Pool:
         try:
             while (job := self._next_job()) is not None:
                 outcome: BaseException | None = None
-                exact = False
+                pending_at = 0.0
                 try:
-                    exact = _synchronize(job.target, helpers, job.spin_from)
+                    pending_at = _synchronize(job.target, helpers, job.spin_from)
                 except Exception as exc:  # delivered to every subscriber, never raised here
                     outcome = exc
                 detected_at = time.perf_counter()
@@ -228,7 +233,7 @@ class _Pool:
                     for subscriber in subscribers:
                         subscriber.outcome = outcome
                         subscriber.detected_at = detected_at
-                        subscriber.exact = exact
+                        subscriber.pending_at = pending_at
                         try:
                             subscriber.notify()
                         except Exception:  # notify only schedules; never let it kill the thread

@@ -48,8 +48,6 @@ WATCH_UNPREDICTED = {"auto": 100e-6, "poll": 2e-3, "thread": 0.0}
 LEAD = {"auto": 150e-6, "poll": 1.5e-3, "thread": 150e-6}
 #: Parked queues are queried at least this often (first, then doubling to the cap).
 COLD_POLL = {"auto": (1e-3, 10e-3), "poll": (0.25e-3, 2e-3), "thread": (1e-3, 10e-3)}
-#: Consecutive queries closer than this make a completion time exact for the predictor.
-EXACT_WITHIN = 50e-6
 
 
 def _watch_past_prediction(estimate: float) -> float:
@@ -272,12 +270,13 @@ class Watcher:
             self._new_head(queue, now)
 
     def _learn(self, queue: _Queue, now: float) -> None:
+        """Tell the predictor when the head was last seen pending and when it was seen done."""
+        pending, done = max(queue.start, queue.last_query), now
         backstop = queue.backstop
-        if backstop is not None and backstop.detected_at:  # a waiter thread saw it first
-            queue.predictor.observe(backstop.detected_at - queue.start, exact=backstop.exact)
-        else:
-            exact = now - queue.last_query <= EXACT_WITHIN
-            queue.predictor.observe(now - queue.start, exact=exact)
+        if backstop is not None and backstop.detected_at:  # a waiter thread may have seen more
+            pending = max(pending, backstop.pending_at)
+            done = min(done, backstop.detected_at)
+        queue.predictor.observe(pending - queue.start, done - queue.start)
 
     def _start_backstop(self, queue: _Queue, spin_from: float | None) -> None:
         queue.backstop = _thread.pool().subscribe(queue.entries[0].target, self._poke_threadsafe, spin_from)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import typing
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m tests.gpu._child", description="Child processes of the GPU tests.")
     scenarios = parser.add_subparsers(dest="scenario", required=True)
     fault = scenarios.add_parser("fault", help="fault the GPU under awaiting tasks; print a JSON report")
-    fault.add_argument("strategy", choices=["poll", "thread"])
+    fault.add_argument("strategy", choices=typing.get_args(aiogpu.WaitStrategy))
     fault.add_argument("loop", choices=list(LOOPS))
     args = parser.parse_args(argv)
     backend, options = LOOPS[args.loop]
