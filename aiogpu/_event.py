@@ -305,13 +305,12 @@ class Event:
         """
         strategy = _wait.check_strategy(strategy)
         self._check_recorded("await")
-        await anyio.lowlevel.checkpoint_if_cancelled()
         self._lifetime.acquire()
         try:
             if self._driver.event_query(self._handle):
-                await anyio.lowlevel.cancel_shielded_checkpoint()
+                await anyio.lowlevel.checkpoint()  # a checkpoint even when already done
                 return
-            await _wait.wait(self, strategy)
+            await _wait.wait(self, strategy)  # parks: a checkpoint too
         finally:
             self._lifetime.release()
 

@@ -8,8 +8,9 @@ predicted deadline). A recording's work starts when it was recorded or when the 
 before it on the stream completed, whichever is later.
 
 An observation is a bracket: the work was still pending at ``lower`` (the last query that
-said so) and done by ``upper`` (when it was seen). A narrow bracket (a close watch) is exact and
-moves the estimate by a moving average. A wide one whose ``lower`` is past the estimate says
+said so) and done by ``upper`` (when it was seen). A narrow bracket (a close watch) is exact: a
+shorter duration replaces the estimate (waking early is the safe error), a longer one moves it
+by a moving average. A wide one whose ``lower`` is past the estimate says
 the work took longer: the estimate moves halfway to the bracket's middle. A wide one that does
 not contradict the estimate means we looked too late — the work may have finished long before —
 so the estimate shrinks, by a step that doubles while that keeps happening: waking early costs
@@ -43,8 +44,8 @@ class Predictor:
         estimate = self.estimate
         if estimate is None:
             self.estimate = upper
-        elif upper - lower <= EXACT_WITHIN:
-            self.estimate = estimate + _ALPHA * (upper - estimate)
+        elif upper - lower <= EXACT_WITHIN:  # seen closely: shorter at once, longer gradually
+            self.estimate = upper if upper < estimate else estimate + _ALPHA * (upper - estimate)
             self._shrink = _FIRST_SHRINK
         elif lower >= estimate:
             self.estimate = estimate + 0.5 * ((lower + upper) / 2 - estimate)

@@ -43,9 +43,12 @@ Mode = Literal["auto", "poll", "thread"]
 
 #: After a wait starts with nothing predicted: how long to watch closely before parking.
 WATCH_UNPREDICTED = {"auto": 100e-6, "poll": 2e-3, "thread": 0.0}
+#: After a stream completed a wait, watch its next one closely for this long whatever the
+#: prediction says: a stream that is completing work tends to complete more (fan-out).
+WATCH_AFTER_PROGRESS = {"auto": 100e-6, "poll": 100e-6, "thread": 0.0}
 #: How long before the predicted completion close watching starts (covers wake-up jitter:
 #: the timer thread's ~50-100 µs, the loop timers' ~1 ms).
-LEAD = {"auto": 150e-6, "poll": 1.5e-3, "thread": 150e-6}
+LEAD = {"auto": 250e-6, "poll": 1.5e-3, "thread": 150e-6}
 #: Parked queues are queried at least this often (first, then doubling to the cap).
 COLD_POLL = {"auto": (1e-3, 10e-3), "poll": (0.25e-3, 2e-3), "thread": (1e-3, 10e-3)}
 
@@ -78,6 +81,7 @@ class _Queue:
         "entries",
         "key",
         "last_query",
+        "momentum_until",
         "next_poll",
         "predictor",
         "previous_done",
@@ -92,7 +96,7 @@ class _Queue:
         self.predictor = _predict.for_stream(key)
         self.previous_done = 0.0
         self.backstop: _thread.Subscriber | None = None
-        self.start = self.watch_from = self.watch_until = self.next_poll = self.last_query = 0.0
+        self.start = self.watch_from = self.watch_until = self.momentum_until = self.next_poll = self.last_query = 0.0
         self.backoff = 0.0
 
 
@@ -204,7 +208,7 @@ class Watcher:
         wake_at, precise = math.inf, False
         for queue in self._queues.values():
             mode = queue.entries[0].mode
-            if mode != "thread" and queue.watch_from <= now <= queue.watch_until:
+            if mode != "thread" and (queue.watch_from <= now <= queue.watch_until or now <= queue.momentum_until):
                 return now, False
             if mode != "thread" and now < queue.watch_from:
                 if queue.watch_from < wake_at:
@@ -244,7 +248,7 @@ class Watcher:
         self._backend.waker(self._poke)
 
     # -- per-queue bookkeeping ----------------------------------------------------------------
-    def _new_head(self, queue: _Queue, now: float) -> None:
+    def _new_head(self, queue: _Queue, now: float, *, after_progress: bool = False) -> None:
         """Plan how to watch the queue's (new) oldest entry."""
         self._drop_backstop(queue)
         head = queue.entries[0]
@@ -259,7 +263,9 @@ class Watcher:
             expected = queue.start + estimate
             queue.watch_from = expected - LEAD[mode]
             queue.watch_until = expected + _watch_past_prediction(estimate)
-        queue.next_poll = max(now, queue.watch_until) + queue.backoff
+
+        queue.momentum_until = now + WATCH_AFTER_PROGRESS[mode] if after_progress else 0.0
+        queue.next_poll = max(now, queue.watch_until, queue.momentum_until) + queue.backoff
         if mode == "thread":
             self._start_backstop(queue, queue.watch_from if estimate is not None else None)
 
@@ -267,7 +273,7 @@ class Watcher:
         if done:
             queue.previous_done = now
         if queue.entries:
-            self._new_head(queue, now)
+            self._new_head(queue, now, after_progress=done)
 
     def _learn(self, queue: _Queue, now: float) -> None:
         """Tell the predictor when the head was last seen pending and when it was seen done."""

@@ -84,6 +84,7 @@ class _Context:
         self.handle = handle
         self.ordinal = ordinal
         self.error: int | None = None
+        self.faults_pending = 0  # queued ops that will fault: only then must queries look around
         self.default_stream = _Stream(0, self, 0, 0)
 
 
@@ -163,6 +164,8 @@ class SimulatedWork:
         with self._driver._changed:
             if gate.released_at is None:
                 gate.error = error
+                if error is not None:
+                    self._stream.context.faults_pending += 1
                 gate.released_at = time.monotonic()
                 self._driver._changed.notify_all()
 
@@ -249,6 +252,7 @@ class SimulatedDriver:
             op = self._enqueue(sim_stream)
             if fault is not None:
                 op.fault = fault
+                sim_stream.context.faults_pending += 1
             elif seconds is None:
                 op.gate = _Gate()
             else:
@@ -486,7 +490,10 @@ class SimulatedDriver:
 
     def launch_fault(self, stream: int) -> None:
         with self._changed:
-            self._launch_stream(stream).fault = _driver.result_code("CUDA_ERROR_ILLEGAL_ADDRESS")
+            op = self._launch_stream(stream)
+            op.fault = _driver.result_code("CUDA_ERROR_ILLEGAL_ADDRESS")
+            op_context = self._stream(stream, "cuLaunchKernel").context
+            op_context.faults_pending += 1
 
     def _launch_stream(self, stream: int) -> _Op:
         context = self._current_context("cuLaunchKernel")
@@ -517,7 +524,7 @@ class SimulatedDriver:
 
     def _check_context(self, context: _Context, func: str) -> None:
         """Raise the context's sticky error, after letting its streams run up to now."""
-        if context.error is None:  # a fault on any stream of the context is seen from all of them
+        if context.error is None and context.faults_pending:  # a fault on any stream is seen from all
             now = time.monotonic()
             for stream in [busy for busy in self._busy if busy.context is context]:
                 self._advance(stream, now)
