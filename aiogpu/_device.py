@@ -38,14 +38,14 @@ def _devices_of(driver: Driver) -> dict[int, Device]:
     return devices
 
 
-def check_ordinal(ordinal: object) -> int:
-    """``ordinal`` as an ``int``, or a ``TypeError`` naming what was passed."""
-    if isinstance(ordinal, bool):
-        raise TypeError(f"device ordinal must be an int, got {ordinal!r}")
-    try:
-        return operator.index(ordinal)  # type: ignore[arg-type]
-    except TypeError:
-        raise TypeError(f"device ordinal must be an int, got {ordinal!r} ({type(ordinal).__name__})") from None
+def check_int(what: str, value: object) -> int:
+    """``value`` as an ``int`` (anything with ``__index__`` but a bool), else a ``TypeError``."""
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)  # type: ignore[arg-type]
+        except TypeError:
+            pass
+    raise TypeError(f"{what} must be an int, got {value!r} ({type(value).__name__})")
 
 
 @final
@@ -75,7 +75,7 @@ class Device:
     _default_stream: Stream | None
 
     def __new__(cls, ordinal: int = 0, *, driver: Driver | None = None) -> Device:
-        ordinal = check_ordinal(ordinal)
+        ordinal = check_int("device ordinal", ordinal)
         if driver is None:
             driver = _driver.default_driver()
         elif not all(callable(getattr(driver, name, None)) for name in ("init", "event_query", "stream_create")):

@@ -11,11 +11,10 @@ host. aiogpu keeps "wait" for host-side awaiting and ``wait_for`` for device-sid
 
 from __future__ import annotations
 
-import operator
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, final
 
-from ._device import Device
+from ._device import Device, check_int
 from ._driver import DEFAULT_STREAM_HANDLES, STREAM_NON_BLOCKING, default_driver
 from ._event import Event, _check_flag
 from ._lifetime import HandleLifetime
@@ -27,15 +26,6 @@ if TYPE_CHECKING:
 
     from ._driver import Driver
     from ._wait import WaitStrategy
-
-
-def _check_priority(priority: object) -> int:
-    if isinstance(priority, bool):
-        raise TypeError(f"priority must be an int, got {priority!r}")
-    try:
-        return operator.index(priority)  # type: ignore[arg-type]
-    except TypeError:
-        raise TypeError(f"priority must be an int, got {priority!r}") from None
 
 
 def foreign_stream_handle(obj: object) -> int:
@@ -104,7 +94,7 @@ class Stream:
         driver = device._driver
         with device._activated():
             lowest, highest = driver.stream_priority_range()
-            priority = lowest if priority is None else _check_priority(priority)
+            priority = lowest if priority is None else check_int("priority", priority)
             if not highest <= priority <= lowest:
                 raise ValueError(
                     f"stream priority must be between {highest} (highest) and {lowest} (lowest) on this device, got {priority}"
