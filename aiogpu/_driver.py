@@ -103,6 +103,9 @@ class Driver(Protocol):
     def latch_destroy(self, latch: int) -> None: ...
     def launch_spin(self, stream: int, seconds: float) -> None: ...
     def launch_fault(self, stream: int) -> None: ...
+    # The callback strategy: enqueue the C function ``function(argument)`` as a host function
+    # (it must not need the GIL: aiogpu passes the C library's sem_post).
+    def launch_host_function(self, stream: int, function: int, argument: int) -> None: ...
 
 
 def result_name(result: int) -> str:
@@ -194,6 +197,7 @@ class CudaDriver:
         self._initialized = False
         self._kernels: dict[int, dict[str, Any]] = {}  # context -> kernel name -> CUfunction
         self._latches: dict[int, int] = {}  # host pointer -> device pointer
+        self._libcuda_handle: Any = None
 
     def init(self) -> None:
         if self._initialized:
@@ -344,6 +348,22 @@ class CudaDriver:
 
     def launch_fault(self, stream: int) -> None:
         self._launch(_kernels.FAULT_KERNEL, stream, ((0,), (ctypes.c_uint64,)))
+
+    def launch_host_function(self, stream: int, function: int, argument: int) -> None:
+        # Straight into libcuda, not through cuda.bindings: its cuLaunchHostFunc wraps the
+        # function in a trampoline that takes the GIL on the driver's thread, the known
+        # GIL <-> driver-lock deadlock. ``function`` is C and never needs the GIL.
+        launch = self._libcuda().cuLaunchHostFunc
+        launch.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+        launch.restype = ctypes.c_int
+        result = launch(stream, function, argument)
+        if result != 0:
+            raise cuda_error(result, "cuLaunchHostFunc")
+
+    def _libcuda(self) -> Any:
+        if self._libcuda_handle is None:
+            self._libcuda_handle = ctypes.CDLL("libcuda.so.1")  # loaded already: cuInit succeeded
+        return self._libcuda_handle
 
     def _launch(self, kernel: str, stream: int, params: tuple[tuple[int], tuple[type]]) -> None:
         _check(cu.cuLaunchKernel, self._kernel(kernel), 1, 1, 1, 1, 1, 1, 0, stream, params, 0)

@@ -288,8 +288,8 @@ class Event:
         ``await event.wait()``.
 
         Args:
-            strategy: ``"auto"``, ``"poll"`` or ``"thread"`` (see the README's "Wait
-                strategies"); the default is :func:`aiogpu.get_default_wait_strategy`.
+            strategy: ``"auto"``, ``"poll"``, ``"thread"`` or ``"callback"`` (see the README's
+                "Wait strategies"); the default is :func:`aiogpu.get_default_wait_strategy`.
 
         Raises:
             EventStateError: The event was never recorded.

@@ -97,7 +97,7 @@ def second_device(device: aiogpu.Device) -> aiogpu.Device:
     return aiogpu.Device(1, driver=device._driver)
 
 
-@pytest.fixture(params=["auto", "poll", "thread"])
+@pytest.fixture(params=["auto", "poll", "thread", "callback"])
 def strategy(request: pytest.FixtureRequest) -> aiogpu.WaitStrategy:
     return request.param  # type: ignore[no-any-return]
 

@@ -22,7 +22,9 @@ def test_default_strategy_round_trip() -> None:
 
 
 def test_bad_strategy_names() -> None:
-    with pytest.raises(ValueError, match="unknown wait strategy 'spin'; expected one of \\(.auto., .poll., .thread.\\)"):
+    with pytest.raises(
+        ValueError, match="unknown wait strategy 'spin'; expected one of \\(.auto., .poll., .thread., .callback.\\)"
+    ):
         aiogpu.set_default_wait_strategy("spin")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="wait strategy must be a str"):
         aiogpu.set_default_wait_strategy(None)  # type: ignore[arg-type]
@@ -49,3 +51,41 @@ async def test_thread_strategy_mirrors_spinning_events_through_a_blocking_one(si
     statistics = sim.statistics()
     assert statistics.spin_synchronizations == 0
     assert statistics.blocking_synchronizations >= 1
+
+
+@pytest.mark.anyio
+async def test_callback_wait_is_woken_by_the_host_function(sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the watchdog's polls an hour apart, only the host function can wake the wait."""
+    from aiogpu._wait import _watcher
+
+    monkeypatch.setitem(_watcher.COLD_POLL, "callback", (3600.0, 3600.0))
+    with aiogpu.Stream(sim.device(0)) as stream:
+        work = sim.launch(stream)
+        event = stream.record()
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(partial(event.wait, strategy="callback"))
+                await anyio.wait_all_tasks_blocked()
+                work.release()  # the simulated host function rings the doorbell
+
+
+@pytest.mark.anyio
+async def test_callback_watchdog_reports_a_fault(sim: SimulatedDriver) -> None:
+    """Host functions never run after a context error: the watchdog's query must report it."""
+    errors: list[aiogpu.CudaError] = []
+
+    async def waiter(event: aiogpu.Event) -> None:
+        try:
+            await event.wait(strategy="callback")
+        except aiogpu.CudaError as exc:
+            errors.append(exc)
+
+    with aiogpu.Stream(sim.device(0)) as stream:
+        work = sim.launch(stream)
+        event = stream.record()
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(waiter, event)
+                await anyio.wait_all_tasks_blocked()
+                work.fail("CUDA_ERROR_ILLEGAL_ADDRESS")
+    assert [error.name for error in errors] == ["CUDA_ERROR_ILLEGAL_ADDRESS"]

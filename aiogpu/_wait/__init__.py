@@ -14,6 +14,11 @@
     Nothing on the loop but the wake-up: a waiter thread sleeps until just before the
     predicted completion and watches closely itself, or blocks in ``cuEventSynchronize`` on a
     blocking-sync event; then it wakes the loop thread-safely.
+``"callback"``
+    Nothing on the loop and no waiter thread in the driver: the GPU itself rings a doorbell
+    through a CUDA host function that is C code (``sem_post``), never Python, so it cannot
+    deadlock on the GIL (``_doorbell``). Host functions never run after a sticky context error,
+    so the watcher's back-off queries double as the watchdog that turns one into ``CudaError``.
 
 All three share one watcher per loop (``_watcher``), which queries only the oldest pending
 wait of each stream, so ten thousand waits cost about as much as the streams they are on.
@@ -34,7 +39,7 @@ if TYPE_CHECKING:
     from .._driver import Driver
     from .._lifetime import HandleLifetime
 
-WaitStrategy = Literal["auto", "poll", "thread"]
+WaitStrategy = Literal["auto", "poll", "thread", "callback"]
 STRATEGIES: tuple[str, ...] = get_args(WaitStrategy)
 
 
@@ -84,7 +89,8 @@ def set_default_wait_strategy(strategy: WaitStrategy) -> None:
     """Set the strategy ``await event`` uses when the call does not name one.
 
     Args:
-        strategy: ``"auto"``, ``"poll"`` or ``"thread"``; see the README's "Wait strategies".
+        strategy: ``"auto"``, ``"poll"``, ``"thread"`` or ``"callback"``; see the README's
+            "Wait strategies".
 
     Raises:
         TypeError: ``strategy`` is not a string.

@@ -31,7 +31,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Literal
 
 from .. import _loop
-from . import _predict, _thread, _timer
+from . import _doorbell, _helpers, _predict, _thread, _timer
 
 if TYPE_CHECKING:
     import asyncio
@@ -39,18 +39,21 @@ if TYPE_CHECKING:
     from .._loop import Backend, Signal
     from . import WaitTarget
 
-Mode = Literal["auto", "poll", "thread"]
+Mode = Literal["auto", "callback", "poll", "thread"]
+#: Strategies that never watch on the loop: a thread or the driver tells the loop when to look.
+_OFF_LOOP = ("callback", "thread")
 
 #: After a wait starts with nothing predicted: how long to watch closely before parking.
-WATCH_UNPREDICTED = {"auto": 100e-6, "poll": 2e-3, "thread": 0.0}
+WATCH_UNPREDICTED = {"auto": 100e-6, "poll": 2e-3, "thread": 0.0, "callback": 0.0}
 #: After a stream completed a wait, watch its next one closely for this long whatever the
 #: prediction says: a stream that is completing work tends to complete more (fan-out).
-WATCH_AFTER_PROGRESS = {"auto": 100e-6, "poll": 100e-6, "thread": 0.0}
+WATCH_AFTER_PROGRESS = {"auto": 100e-6, "poll": 100e-6, "thread": 0.0, "callback": 0.0}
 #: How long before the predicted completion close watching starts (covers wake-up jitter:
 #: the timer thread's ~50-100 µs, the loop timers' ~1 ms).
-LEAD = {"auto": 250e-6, "poll": 1.5e-3, "thread": 150e-6}
-#: Parked queues are queried at least this often (first, then doubling to the cap).
-COLD_POLL = {"auto": (1e-3, 10e-3), "poll": (0.25e-3, 2e-3), "thread": (1e-3, 10e-3)}
+LEAD = {"auto": 250e-6, "poll": 1.5e-3, "thread": 150e-6, "callback": 0.0}
+#: Parked queues are queried at least this often (first, then doubling to the cap). For
+#: ``callback`` this is the watchdog: host functions never run after a sticky context error.
+COLD_POLL = {"auto": (1e-3, 10e-3), "poll": (0.25e-3, 2e-3), "thread": (1e-3, 10e-3), "callback": (1e-3, 10e-3)}
 
 
 def _watch_past_prediction(estimate: float) -> float:
@@ -79,6 +82,7 @@ class _Queue:
         "backoff",
         "backstop",
         "entries",
+        "helper",
         "key",
         "last_query",
         "momentum_until",
@@ -96,6 +100,7 @@ class _Queue:
         self.predictor = _predict.for_stream(key)
         self.previous_done = 0.0
         self.backstop: _thread.Subscriber | None = None
+        self.helper: _helpers.HelperStream | None = None  # rings the doorbell (callback)
         self.start = self.watch_from = self.watch_until = self.momentum_until = self.next_poll = self.last_query = 0.0
         self.backoff = 0.0
 
@@ -108,6 +113,7 @@ class Watcher:
         self._running = False
         self._park_signal: Signal | None = None
         self._poked = False
+        self._listening = False  # to the doorbell
 
     # -- the waiting task's side --------------------------------------------------------------
     async def wait(self, target: WaitTarget, mode: Mode) -> None:
@@ -116,6 +122,8 @@ class Watcher:
         if entry is None:
             entry = self._entries[key] = _Entry(target, mode)
             self._enqueue(entry, time.perf_counter())
+        if entry.error is not None:  # arming it failed (a lost context)
+            raise copy.copy(entry.error)
         signal = self._backend.new_signal()
         entry.signals[signal] = None
         if not self._running:
@@ -171,6 +179,10 @@ class Watcher:
             self._running = False
             for queue in self._queues.values():
                 self._drop_backstop(queue)
+                self._drop_helper(queue)
+            if self._listening:
+                self._listening = False
+                _doorbell.doorbell().ignore(self._poke_threadsafe)
 
     def _sweep(self, now: float) -> None:
         for queue in list(self._queues.values()):
@@ -201,6 +213,7 @@ class Watcher:
                 self._next_head(queue, now, done=True)
             if not entries:
                 self._drop_backstop(queue)
+                self._drop_helper(queue)
                 del self._queues[queue.key]
 
     def _plan(self, now: float) -> tuple[float, bool]:
@@ -208,13 +221,14 @@ class Watcher:
         wake_at, precise = math.inf, False
         for queue in self._queues.values():
             mode = queue.entries[0].mode
-            if mode != "thread" and (queue.watch_from <= now <= queue.watch_until or now <= queue.momentum_until):
+            on_loop = mode not in _OFF_LOOP
+            if on_loop and (queue.watch_from <= now <= queue.watch_until or now <= queue.momentum_until):
                 return now, False
-            if mode != "thread" and now < queue.watch_from:
+            if on_loop and now < queue.watch_from:
                 if queue.watch_from < wake_at:
                     wake_at, precise = queue.watch_from, mode == "auto"
                 continue
-            if mode != "poll" and queue.backstop is None:
+            if mode in ("auto", "thread") and queue.backstop is None:
                 self._start_backstop(queue, None)
             if now >= queue.next_poll:  # it was just queried by the sweep: back off
                 queue.next_poll = now + queue.backoff
@@ -268,6 +282,8 @@ class Watcher:
         queue.next_poll = max(now, queue.watch_until, queue.momentum_until) + queue.backoff
         if mode == "thread":
             self._start_backstop(queue, queue.watch_from if estimate is not None else None)
+        elif mode == "callback":
+            self._ring_when_done(queue)
 
     def _next_head(self, queue: _Queue, now: float, *, done: bool) -> None:
         if done:
@@ -286,6 +302,24 @@ class Watcher:
 
     def _start_backstop(self, queue: _Queue, spin_from: float | None) -> None:
         queue.backstop = _thread.pool().subscribe(queue.entries[0].target, self._poke_threadsafe, spin_from)
+
+    def _ring_when_done(self, queue: _Queue) -> None:
+        """Make the GPU ring the doorbell once the head's work is done (a host function)."""
+        target = queue.entries[0].target
+        if not self._listening:
+            self._listening = True
+            _doorbell.doorbell().listen(self._poke_threadsafe)
+        try:
+            if queue.helper is None:
+                queue.helper = _helpers.take(target._driver, target._device)
+            queue.helper.ring_after(target._handle, _doorbell.doorbell())
+        except Exception as exc:  # a lost context: the waiters learn it from the error
+            self._fail_queue(queue, exc)
+
+    def _drop_helper(self, queue: _Queue) -> None:
+        if queue.helper is not None:
+            _helpers.give_back(queue.helper)
+            queue.helper = None
 
     def _drop_backstop(self, queue: _Queue) -> None:
         if queue.backstop is not None:

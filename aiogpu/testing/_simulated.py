@@ -21,6 +21,7 @@ so no background thread exists.
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import math
 import threading
@@ -68,7 +69,7 @@ class _Gate:
 
 
 class _Op:
-    __slots__ = ("after", "done_at", "duration", "fault", "gate", "seq")
+    __slots__ = ("after", "done_at", "duration", "fault", "gate", "host_call", "seq")
 
     def __init__(self, seq: int) -> None:
         self.seq = seq
@@ -76,6 +77,7 @@ class _Op:
         self.gate: _Gate | None = None
         self.after: tuple[_Stream, _Op] | None = None  # (other stream, the op it waits for)
         self.fault: int | None = None
+        self.host_call: tuple[int, int] | None = None  # (C function, argument): a host function
         self.done_at: float | None = None
 
 
@@ -167,6 +169,7 @@ class SimulatedWork:
                 if error is not None:
                     self._stream.context.faults_pending += 1
                 gate.released_at = time.monotonic()
+                self._driver._advance_all()
                 self._driver._changed.notify_all()
 
 
@@ -478,6 +481,7 @@ class SimulatedDriver:
             gate = self._latches[latch]
             if gate.released_at is None:
                 gate.released_at = time.monotonic()
+                self._advance_all()
                 self._changed.notify_all()
 
     def latch_destroy(self, latch: int) -> None:
@@ -494,6 +498,19 @@ class SimulatedDriver:
             op.fault = _driver.result_code("CUDA_ERROR_ILLEGAL_ADDRESS")
             op_context = self._stream(stream, "cuLaunchKernel").context
             op_context.faults_pending += 1
+
+    def launch_host_function(self, stream: int, function: int, argument: int) -> None:
+        with self._changed:
+            sim_stream = self._stream(stream, "cuLaunchHostFunc")
+            self._check_context(sim_stream.context, "cuLaunchHostFunc")
+            self._enqueue(sim_stream).host_call = (function, argument)
+            self._advance(sim_stream, time.monotonic())  # an idle stream runs it at once
+
+    def _advance_all(self) -> None:
+        """Run what can run now everywhere, so that host functions fire without being asked."""
+        now = time.monotonic()
+        for stream in list(self._busy):
+            self._advance(stream, now)
 
     def _launch_stream(self, stream: int) -> _Op:
         context = self._current_context("cuLaunchKernel")
@@ -579,6 +596,10 @@ class SimulatedDriver:
                 return
             if op.duration is not None:
                 done_at: float | None = start + op.duration if now >= start + op.duration else None
+            elif op.host_call is not None:
+                function, argument = op.host_call
+                _HOST_FUNCTION(function)(argument)  # C code: no GIL, no driver calls (as in CUDA)
+                done_at = start
             elif op.gate is not None:
                 released = op.gate.released_at
                 if released is not None and op.gate.error is not None:
@@ -647,6 +668,9 @@ class SimulatedDriver:
             self._advance(stream, now)
         deadlines = [s.head_started + s.ops[0].duration - now for s in self._busy if s.ops[0].duration is not None]
         return min(max(0.0, min(deadlines)), threading.TIMEOUT_MAX) if deadlines else None
+
+
+_HOST_FUNCTION = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 
 
 def _running_event_loop() -> bool:

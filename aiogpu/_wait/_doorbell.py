@@ -1,0 +1,119 @@
+"""The doorbell: GPU streams ring it through a CUDA host function that runs no Python.
+
+The ``callback`` strategy enqueues, behind the work it waits for, a host function that is the C
+library's ``sem_post`` on one process-wide POSIX semaphore. A host function that takes the GIL
+can deadlock against the driver's lock (numba-cuda #317, TensorRT-LLM #15855): this one never
+touches Python, so it cannot. One doorbell thread waits in ``sem_timedwait`` (through ctypes, so
+without the GIL) and, at each ring, pokes every watcher that armed it; the watchers then look at
+their streams (a ring does not say which stream rang).
+
+Host functions are never called after a sticky context error, so a wait must not rely on the
+doorbell alone: the watcher keeps querying armed streams on its back-off schedule (the
+watchdog), which surfaces the error as ``CudaError``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import threading
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+IDLE_SECONDS = 10.0
+_SEM_T_SIZE = 64  # sizeof(sem_t) is 32 on 64-bit glibc; leave room
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = (("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long))
+
+
+class Doorbell:
+    def __init__(self) -> None:
+        self._libc = ctypes.CDLL(None, use_errno=True)
+        self._semaphore = ctypes.create_string_buffer(_SEM_T_SIZE)
+        if self._libc.sem_init(self._semaphore, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "sem_init failed")
+        self._lock = threading.Lock()
+        self._listeners: dict[Callable[[], None], None] = {}
+        self._running = False
+
+    @property
+    def address(self) -> int:
+        """The ``sem_t *`` to pass as the host function's argument."""
+        return ctypes.addressof(self._semaphore)
+
+    @property
+    def function(self) -> int:
+        """The address of the C library's ``sem_post``: the host function itself."""
+        address = ctypes.cast(self._libc.sem_post, ctypes.c_void_p).value
+        assert address is not None
+        return address
+
+    def ring(self) -> None:
+        """Ring from Python (the simulated driver's host functions)."""
+        self._libc.sem_post(self._semaphore)
+
+    def listen(self, poke: Callable[[], None]) -> None:
+        """Call ``poke`` (thread-safe, non-blocking) at every ring until :meth:`ignore`."""
+        with self._lock:
+            self._listeners[poke] = None
+            if not self._running:
+                self._running = True
+                threading.Thread(target=self._run, name="aiogpu-doorbell", daemon=True).start()
+
+    def ignore(self, poke: Callable[[], None]) -> None:
+        with self._lock:
+            self._listeners.pop(poke, None)
+
+    def _run(self) -> None:
+        idle_since = time.monotonic()
+        while True:
+            if self._wait(1.0):
+                with self._lock:
+                    listeners = list(self._listeners)
+                for poke in listeners:
+                    try:
+                        poke()
+                    except Exception:  # a poke only schedules; never let it kill the doorbell
+                        pass
+            with self._lock:
+                if self._listeners:
+                    idle_since = time.monotonic()
+                elif time.monotonic() - idle_since > IDLE_SECONDS:
+                    self._running = False
+                    return
+
+    def _wait(self, timeout: float) -> bool:
+        """Wait for a ring (GIL released); False on timeout. Consecutive rings coalesce."""
+        deadline = time.time() + timeout
+        when = _Timespec(int(deadline), int((deadline % 1) * 1e9))
+        if self._libc.sem_timedwait(self._semaphore, ctypes.byref(when)) != 0:
+            return ctypes.get_errno() != errno.ETIMEDOUT
+        while self._libc.sem_trywait(self._semaphore) == 0:  # drain: one poke serves them all
+            pass
+        return True
+
+
+_doorbell_lock = threading.Lock()
+_doorbell: Doorbell | None = None
+
+
+def doorbell() -> Doorbell:
+    global _doorbell
+    with _doorbell_lock:
+        if _doorbell is None:
+            _doorbell = Doorbell()
+        return _doorbell
+
+
+def _forget_in_child() -> None:
+    global _doorbell
+    _doorbell = None
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
