@@ -1,60 +1,57 @@
-"""Helper streams for the ``callback`` strategy: where the doorbell's host functions run.
+"""Arming the doorbell for the ``callback`` strategy, off the loop thread.
 
 A host function enqueued on the user's stream would wait for everything enqueued there since
-the event was recorded, and would hold up that stream's later work while it runs. So each
-watched stream gets a private non-blocking helper stream that waits for the event
-(``cuStreamWaitEvent``) and then runs the host function: it rings as soon as the event's work
-is done and delays nobody. Helper streams are reused once idle; one given back with work still
-pending (its wait was abandoned) is destroyed instead, which CUDA allows: its resources go once
-that work completes.
+the event was recorded, and hold up that stream's later work. So each armed wait gets a private
+non-blocking helper stream that waits for the event (``cuStreamWaitEvent``) and then runs the
+host function: it rings as soon as the event's work is done and delays nobody.
+
+Arming runs on its own thread, never on the loop: creating a stream can block inside the driver
+while other streams are held (seen on an H200 with 32+ streams waiting on host memory), and a
+loop blocked there could never release them. Helper streams are reused once idle.
 """
 
 from __future__ import annotations
 
-import threading
 from typing import TYPE_CHECKING
 
 from .. import _driver
-from .._errors import AiogpuError
+from ._timer import Timer
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from .._device import Device
     from .._driver import Driver
+    from . import WaitTarget
     from ._doorbell import Doorbell
 
-
-class HelperStream:
-    __slots__ = ("device", "driver", "handle")
-
-    def __init__(self, driver: Driver, device: Device, handle: int) -> None:
-        self.driver = driver
-        self.device = device
-        self.handle = handle
-
-    def ring_after(self, event: int, doorbell: Doorbell) -> None:
-        self.driver.stream_wait_event(self.handle, event)
-        self.driver.launch_host_function(self.handle, doorbell.function, doorbell.address)
+_armer = Timer("aiogpu-armer")
+_helpers: dict[tuple[int, int], list[int]] = {}  # only touched on the armer thread
 
 
-_lock = threading.Lock()
-_idle: dict[tuple[int, int], list[HelperStream]] = {}
+def arm(target: WaitTarget, doorbell: Doorbell, poke: Callable[[], None]) -> None:
+    """Ring ``doorbell`` once ``target``'s recorded work is done; ``poke`` if arming fails."""
+    target._lifetime.acquire()  # the handle must outlive the cuStreamWaitEvent below
+    _armer.call_at(0.0, lambda: _arm(target, doorbell, poke))
 
 
-def take(driver: Driver, device: Device) -> HelperStream:
-    with _lock:
-        idle = _idle.get((id(driver), device._context))
-        if idle:
-            return idle.pop()
-    with device._activated():
-        return HelperStream(driver, device, driver.stream_create(_driver.STREAM_NON_BLOCKING, 0))
-
-
-def give_back(helper: HelperStream) -> None:
+def _arm(target: WaitTarget, doorbell: Doorbell, poke: Callable[[], None]) -> None:
     try:
-        if helper.driver.stream_query(helper.handle):
-            with _lock:
-                _idle.setdefault((id(helper.driver), helper.device._context), []).append(helper)
-            return
-        helper.driver.stream_destroy(helper.handle)
-    except (AiogpuError, RuntimeError):  # a lost context: nothing to reuse
-        pass
+        driver, device = target._driver, target._device
+        helper = _idle_helper(driver, device)
+        driver.stream_wait_event(helper, target._handle)
+        driver.launch_host_function(helper, doorbell.function, doorbell.address)
+        _helpers.setdefault((id(driver), device._context), []).append(helper)
+    except Exception:  # a lost context: the watcher's query will report it
+        poke()
+    finally:
+        target._lifetime.release()
+
+
+def _idle_helper(driver: Driver, device: Device) -> int:
+    helpers = _helpers.get((id(driver), device._context), [])
+    for index, helper in enumerate(helpers):
+        if driver.stream_query(helper):
+            return helpers.pop(index)
+    with device._activated():
+        return driver.stream_create(_driver.STREAM_NON_BLOCKING, 0)

@@ -25,7 +25,8 @@ IDLE_SECONDS = 10.0
 
 
 class Timer:
-    def __init__(self) -> None:
+    def __init__(self, name: str = "aiogpu-timer") -> None:
+        self._name = name
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._heap: list[tuple[float, int, Callable[[], None]]] = []
@@ -41,7 +42,7 @@ class Timer:
             heapq.heappush(self._heap, (when, handle, callback))
             if not self._running:
                 self._running = True
-                threading.Thread(target=self._run, name="aiogpu-timer", daemon=True).start()
+                threading.Thread(target=self._run, name=self._name, daemon=True).start()
             elif self._heap[0][1] == handle:
                 self._changed.notify()
             return handle

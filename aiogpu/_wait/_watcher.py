@@ -82,7 +82,6 @@ class _Queue:
         "backoff",
         "backstop",
         "entries",
-        "helper",
         "key",
         "last_query",
         "momentum_until",
@@ -100,7 +99,6 @@ class _Queue:
         self.predictor = _predict.for_stream(key)
         self.previous_done = 0.0
         self.backstop: _thread.Subscriber | None = None
-        self.helper: _helpers.HelperStream | None = None  # rings the doorbell (callback)
         self.start = self.watch_from = self.watch_until = self.momentum_until = self.next_poll = self.last_query = 0.0
         self.backoff = 0.0
 
@@ -122,8 +120,6 @@ class Watcher:
         if entry is None:
             entry = self._entries[key] = _Entry(target, mode)
             self._enqueue(entry, time.perf_counter())
-        if entry.error is not None:  # arming it failed (a lost context)
-            raise copy.copy(entry.error)
         signal = self._backend.new_signal()
         entry.signals[signal] = None
         if not self._running:
@@ -179,7 +175,6 @@ class Watcher:
             self._running = False
             for queue in self._queues.values():
                 self._drop_backstop(queue)
-                self._drop_helper(queue)
             if self._listening:
                 self._listening = False
                 _doorbell.doorbell().ignore(self._poke_threadsafe)
@@ -213,7 +208,6 @@ class Watcher:
                 self._next_head(queue, now, done=True)
             if not entries:
                 self._drop_backstop(queue)
-                self._drop_helper(queue)
                 del self._queues[queue.key]
 
     def _plan(self, now: float) -> tuple[float, bool]:
@@ -305,21 +299,10 @@ class Watcher:
 
     def _ring_when_done(self, queue: _Queue) -> None:
         """Make the GPU ring the doorbell once the head's work is done (a host function)."""
-        target = queue.entries[0].target
         if not self._listening:
             self._listening = True
             _doorbell.doorbell().listen(self._poke_threadsafe)
-        try:
-            if queue.helper is None:
-                queue.helper = _helpers.take(target._driver, target._device)
-            queue.helper.ring_after(target._handle, _doorbell.doorbell())
-        except Exception as exc:  # a lost context: the waiters learn it from the error
-            self._fail_queue(queue, exc)
-
-    def _drop_helper(self, queue: _Queue) -> None:
-        if queue.helper is not None:
-            _helpers.give_back(queue.helper)
-            queue.helper = None
+        _helpers.arm(queue.entries[0].target, _doorbell.doorbell(), self._poke_threadsafe)
 
     def _drop_backstop(self, queue: _Queue) -> None:
         if queue.backstop is not None:
