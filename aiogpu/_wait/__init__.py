@@ -20,7 +20,7 @@
     deadlock on the GIL (``_doorbell``). Host functions never run after a sticky context error,
     so the watcher's back-off queries double as the watchdog that turns one into ``CudaError``.
 
-All three share one watcher per loop (``_watcher``), which queries only the oldest pending
+All four share one watcher per loop (``_watcher``), which queries only the oldest pending
 wait of each stream, so ten thousand waits cost about as much as the streams they are on.
 ``Event.wait`` has already checkpointed, checked and queried the event once; a strategy is only
 entered for work that is still pending. The rule that picks between the strategies' behaviours
