@@ -110,7 +110,6 @@ class Watcher:
         self._queues: dict[object, _Queue] = {}
         self._running = False
         self._park_signal: Signal | None = None
-        self._poked = False
         self._listening = False  # to the doorbell
 
     # -- the waiting task's side --------------------------------------------------------------
@@ -232,7 +231,6 @@ class Watcher:
         return wake_at, precise
 
     async def _park(self, now: float, wake_at: float, precise: bool) -> None:
-        self._poked = False
         signal = self._park_signal = self._backend.new_signal()
         handle = None
         try:
@@ -248,7 +246,6 @@ class Watcher:
 
     def _poke(self) -> None:
         """Look again now (loop thread): a new wait, a thread saw a completion, a timer fired."""
-        self._poked = True
         if self._park_signal is not None:
             self._park_signal.set()
 
