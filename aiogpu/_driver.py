@@ -32,11 +32,9 @@ except ImportError:  # pragma: no cover - depends on the installed cuda-pathfind
     _NoDriverLibrary = RuntimeError
 
 # Flag values of the CUDA driver ABI, shared by every Driver implementation.
-EVENT_DEFAULT = 0
 EVENT_BLOCKING_SYNC = 1
 EVENT_DISABLE_TIMING = 2
 EVENT_INTERPROCESS = 4
-STREAM_DEFAULT = 0
 STREAM_NON_BLOCKING = 1
 #: The legacy default stream of the *current* context (``CU_STREAM_LEGACY`` and
 #: ``CU_STREAM_PER_THREAD`` are 1 and 2; all three resolve through the current context).

@@ -24,13 +24,10 @@ if TYPE_CHECKING:
 
 class Signal(Protocol):
     def set(self) -> None: ...
-    def is_set(self) -> bool: ...
     async def wait(self) -> None: ...
 
 
 class Backend(Protocol):
-    name: str
-
     def waker(self, callback: Callable[[], object]) -> None: ...
     def new_signal(self) -> Signal: ...
     def spawn_system_task(self, function: Callable[[], Awaitable[None]]) -> None: ...
@@ -48,16 +45,11 @@ class _FutureSignal:
         if not self._future.done():
             self._future.set_result(None)
 
-    def is_set(self) -> bool:
-        return self._future.done()
-
     async def wait(self) -> None:
         await self._future
 
 
 class AsyncioBackend:
-    name = "asyncio"
-
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._tasks: set[asyncio.Task[None]] = set()  # strong references to system tasks
@@ -88,8 +80,6 @@ class AsyncioBackend:
 
 
 class TrioBackend:
-    name = "trio"
-
     def __init__(self, trio: Any) -> None:
         self._trio = trio
         self._token = trio.lowlevel.current_trio_token()

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import os
 import threading
 import time
 from typing import TYPE_CHECKING
+
+from ._per_process import PerProcess
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -99,21 +100,4 @@ class Doorbell:
         return True
 
 
-_doorbell_lock = threading.Lock()
-_doorbell: Doorbell | None = None
-
-
-def doorbell() -> Doorbell:
-    global _doorbell
-    with _doorbell_lock:
-        if _doorbell is None:
-            _doorbell = Doorbell()
-        return _doorbell
-
-
-def _forget_in_child() -> None:
-    global _doorbell
-    _doorbell = None
-
-
-os.register_at_fork(after_in_child=_forget_in_child)
+doorbell = PerProcess(Doorbell).get

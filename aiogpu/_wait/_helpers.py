@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .. import _driver
+from ._per_process import PerProcess
 from ._timer import Timer
 
 if TYPE_CHECKING:
@@ -25,14 +26,14 @@ if TYPE_CHECKING:
     from . import WaitTarget
     from ._doorbell import Doorbell
 
-_armer = Timer("aiogpu-armer")
+_armer = PerProcess(lambda: Timer("aiogpu-armer")).get
 _helpers: dict[tuple[int, int], list[int]] = {}  # only touched on the armer thread
 
 
 def arm(target: WaitTarget, doorbell: Doorbell, poke: Callable[[], None]) -> None:
     """Ring ``doorbell`` once ``target``'s recorded work is done; ``poke`` if arming fails."""
     target._lifetime.acquire()  # the handle must outlive the cuStreamWaitEvent below
-    _armer.call_at(0.0, lambda: _arm(target, doorbell, poke))
+    _armer().call_at(0.0, lambda: _arm(target, doorbell, poke))
 
 
 def _arm(target: WaitTarget, doorbell: Doorbell, poke: Callable[[], None]) -> None:

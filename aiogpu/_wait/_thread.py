@@ -24,7 +24,6 @@ Invariants:
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections import deque
@@ -33,6 +32,7 @@ from typing import TYPE_CHECKING
 
 from .. import _driver
 from .._errors import AiogpuError
+from ._per_process import PerProcess
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -269,22 +269,5 @@ class _Pool:
             self._stop_idle = False
 
 
-_pool_lock = threading.Lock()
-_the_pool: _Pool | None = None
-
-
-def pool() -> _Pool:
-    """The process's waiter pool, created on first use (``import aiogpu`` starts no thread)."""
-    global _the_pool
-    with _pool_lock:
-        if _the_pool is None:
-            _the_pool = _Pool(MAX_THREADS, HARD_MAX_THREADS, IDLE_SECONDS)
-        return _the_pool
-
-
-def _forget_pool_in_child() -> None:
-    global _the_pool
-    _the_pool = None  # its threads do not exist in a forked child
-
-
-os.register_at_fork(after_in_child=_forget_pool_in_child)
+#: The process's waiter pool, created on first use (``import aiogpu`` starts no thread).
+pool = PerProcess(lambda: _Pool(MAX_THREADS, HARD_MAX_THREADS, IDLE_SECONDS)).get

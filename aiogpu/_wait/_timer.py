@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import os
 import threading
 import time
 from typing import TYPE_CHECKING
+
+from ._per_process import PerProcess
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -75,21 +76,4 @@ class Timer:
                 pass
 
 
-_timer_lock = threading.Lock()
-_timer: Timer | None = None
-
-
-def timer() -> Timer:
-    global _timer
-    with _timer_lock:
-        if _timer is None:
-            _timer = Timer()
-        return _timer
-
-
-def _forget_in_child() -> None:
-    global _timer
-    _timer = None
-
-
-os.register_at_fork(after_in_child=_forget_in_child)
+timer = PerProcess(Timer).get
