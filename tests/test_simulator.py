@@ -180,6 +180,28 @@ def test_held_work_blocks_later_work_on_its_stream_only(sim: SimulatedDriver) ->
         assert held.is_idle
 
 
+def test_blocking_synchronize_of_short_work_never_misses_its_completion(sim: SimulatedDriver) -> None:
+    # Short timed work can finish between the blocked thread's look and its choice of how
+    # long to sleep; that sleep must then be zero, not "until something changes" (a hang).
+    device = sim.device(0)
+    with aiogpu.Stream(device) as stream:
+        event = aiogpu.Event(device, blocking_sync=True)
+        finished = threading.Event()
+
+        def synchronize_many() -> None:
+            for _ in range(300):
+                sim.launch(stream, seconds=20e-6)
+                event.record(stream)
+                event.synchronize()
+            finished.set()
+
+        worker = threading.Thread(target=synchronize_many, daemon=True)
+        worker.start()
+        assert finished.wait(10), "a blocking synchronize of completed work never returned"
+        worker.join()
+        event.close()
+
+
 def test_releasing_later_work_first_does_not_reorder_a_stream(sim: SimulatedDriver) -> None:
     with aiogpu.Stream(sim.device(0)) as stream:
         first = sim.launch(stream)

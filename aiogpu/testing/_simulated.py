@@ -665,7 +665,10 @@ class SimulatedDriver:
         """Seconds until the earliest timed op at a stream head could complete (None: none)."""
         now = time.monotonic()
         for stream in list(self._busy):  # pop work that is done, wherever nobody asked yet
+            completed = stream.completed
             self._advance(stream, now)
+            if stream.completed != completed:
+                return 0.0  # something finished since the caller looked: look again at once
         deadlines = [s.head_started + s.ops[0].duration - now for s in self._busy if s.ops[0].duration is not None]
         return min(max(0.0, min(deadlines)), threading.TIMEOUT_MAX) if deadlines else None
 
