@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 
 class Signal(Protocol):
     def set(self) -> None: ...
-    async def wait(self) -> None: ...
+    def is_set(self) -> bool: ...
+    def wait(self) -> Awaitable[None]: ...
 
 
 class Backend(Protocol):
@@ -45,8 +46,11 @@ class _FutureSignal:
         if not self._future.done():
             self._future.set_result(None)
 
-    async def wait(self) -> None:
-        await self._future
+    def is_set(self) -> bool:
+        return self._future.done()
+
+    def wait(self) -> asyncio.Future[None]:
+        return self._future  # awaited directly: one coroutine frame less per wake-up
 
 
 class AsyncioBackend:

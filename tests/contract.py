@@ -174,6 +174,72 @@ class Contract:
         assert statistics.running_jobs == statistics.queued_jobs == 0
         assert statistics.threads == 0
 
+    async def test_other_waits_go_on_when_the_first_waiter_is_cancelled(
+        self, device: aiogpu.Device, strategy: aiogpu.WaitStrategy
+    ) -> None:
+        # The first task to wait drives the watcher; cancelling it must hand the other
+        # waits (here on another stream) over, not strand them.
+        with aiogpu.Stream(device) as first, aiogpu.Stream(device) as second, Latch(device) as latch:
+            latch.block(first)
+            latch.block(second)
+            held, other = first.record(), second.record()
+            woke = anyio.Event()
+
+            async def other_waiter() -> None:
+                await other.wait(strategy=strategy)
+                woke.set()
+
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as tg:
+                    first_scope = anyio.CancelScope()
+                    tg.start_soon(self._wait_in, first_scope, held, strategy)
+                    await anyio.wait_all_tasks_blocked()
+                    tg.start_soon(other_waiter)
+                    await anyio.wait_all_tasks_blocked()
+                    first_scope.cancel()
+                    await anyio.wait_all_tasks_blocked()
+                    assert not woke.is_set()
+                    latch.release()
+            assert woke.is_set()
+
+    @staticmethod
+    async def _wait_in(scope: anyio.CancelScope, event: aiogpu.Event, strategy: aiogpu.WaitStrategy) -> None:
+        with scope:
+            await event.wait(strategy=strategy)
+
+    async def test_other_waits_go_on_when_the_first_waiter_finishes(
+        self, device: aiogpu.Device, strategy: aiogpu.WaitStrategy
+    ) -> None:
+        with (
+            aiogpu.Stream(device) as first_stream,
+            aiogpu.Stream(device) as second_stream,
+            Latch(device) as first_latch,
+            Latch(device) as second_latch,
+        ):
+            first_latch.block(first_stream)
+            second_latch.block(second_stream)
+            first, second = first_stream.record(), second_stream.record()
+            order: list[str] = []
+            first_woke = anyio.Event()
+
+            async def waiter(name: str, event: aiogpu.Event) -> None:
+                await event.wait(strategy=strategy)
+                order.append(name)
+                first_woke.set()
+
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(waiter, "first", first)  # the first waiter drives the watcher
+                    await anyio.wait_all_tasks_blocked()
+                    tg.start_soon(waiter, "second", second)
+                    await anyio.wait_all_tasks_blocked()
+                    first_latch.release()
+                    await first_woke.wait()  # the driver's own wait ends; the second goes on
+                    await anyio.wait_all_tasks_blocked()
+                    assert order == ["first"]
+                    second_latch.release()
+            assert order == ["first", "second"]
+
     async def test_never_recorded_event_raises(self, device: aiogpu.Device, strategy: aiogpu.WaitStrategy) -> None:
         with aiogpu.Event(device) as event:
             with pytest.raises(aiogpu.EventStateError, match="never recorded"):

@@ -30,11 +30,13 @@ in ``benchmarks/wake.py``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, Protocol, get_args
+from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
 
 from . import _watcher
 
 if TYPE_CHECKING:
+    from collections.abc import Coroutine
+
     from .._device import Device
     from .._driver import Driver
     from .._lifetime import HandleLifetime
@@ -80,9 +82,12 @@ def check_strategy(strategy: object) -> WaitStrategy:
     return strategy  # type: ignore[return-value]
 
 
-async def wait(target: WaitTarget, strategy: WaitStrategy) -> None:
-    """Wait (the work is pending) until ``target``'s work completes; raise ``CudaError`` on failure."""
-    await _watcher.current().wait(target, strategy)
+def wait(target: WaitTarget, strategy: WaitStrategy) -> Coroutine[Any, Any, None]:
+    """Wait (the work is pending) until ``target``'s work completes; raise ``CudaError`` on failure.
+
+    Returns the watcher's coroutine itself: no frame of its own to resume on every wake-up.
+    """
+    return _watcher.current().wait(target, strategy)
 
 
 def set_default_wait_strategy(strategy: WaitStrategy) -> None:

@@ -5,8 +5,10 @@ Rules this file keeps:
 1. Work on one stream completes in order. Waits are queued per stream (the stream the event
    was recorded on) and only the oldest pending wait of each stream is queried, so a sweep
    costs O(streams), not O(waiters); when it completes, the next ones are checked at once.
-2. Waiting tasks never poll: each parks on a ``Signal`` that the watcher (a system task of the
-   loop) sets. Many tasks awaiting one recording share one entry.
+2. One task at a time drives the watcher (sweeps, plans, sleeps); the other waiting tasks park
+   on a ``Signal`` it sets. Many tasks awaiting one recording share one entry. The driver is
+   the first waiting task when nobody drives — it stops when its own wait is over, so a lone
+   wait is woken with no hand-off between tasks — and otherwise a system task of the loop.
 3. Where to watch from is the strategy's choice, per stream queue (the head's strategy):
    ``auto`` watches closely on the loop (query, yield, query...) near the completion — right
    after the wait starts, and from just before the predicted completion (``_predict``) — and
@@ -121,13 +123,16 @@ class Watcher:
             self._enqueue(entry, time.perf_counter())
         signal = self._backend.new_signal()
         entry.signals[signal] = None
-        if not self._running:
-            self._running = True
-            self._backend.spawn_system_task(self._run)
-        else:
-            self._poke()
         try:
-            await signal.wait()
+            if self._running:
+                self._poke()
+                await signal.wait()
+            else:  # nobody watches: this task does, so its own wake-up costs no hand-off
+                self._running = True
+                try:
+                    await self._drive(until=signal)
+                finally:
+                    self._hand_over()
         except BaseException:
             self._leave(entry, signal)
             raise
@@ -154,29 +159,53 @@ class Watcher:
             self._new_head(queue, now)
 
     # -- the watcher task ---------------------------------------------------------------------
+    async def _drive(self, until: Signal | None) -> None:
+        """Sweep, plan and sleep until no wait is left, or until ``until`` is set.
+
+        ``until`` is the signal of a waiting task that drives the watcher itself: it stops
+        once its own wait is over and hands what is left to the system task.
+        """
+        checkpointed = False
+        while self._queues:
+            self._sweep(time.perf_counter())
+            if until is not None and until.is_set():
+                break
+            if not self._queues:
+                break
+            now = time.perf_counter()
+            wake_at, precise = self._plan(now)
+            if wake_at <= now:
+                await self._backend.yield_now()
+            else:
+                await self._park(now, wake_at, precise)
+            checkpointed = True
+        if not checkpointed:  # a wait is always a checkpoint, even when the first look sees it done
+            await self._backend.yield_now()
+
+    def _hand_over(self) -> None:
+        """A waiting task stops driving: the system task takes over what is left."""
+        if self._queues:
+            self._backend.spawn_system_task(self._run)
+        else:
+            self._stop()
+
     async def _run(self) -> None:
         try:
-            while self._queues:
-                self._sweep(time.perf_counter())
-                if not self._queues:
-                    break
-                now = time.perf_counter()
-                wake_at, precise = self._plan(now)
-                if wake_at <= now:
-                    await self._backend.yield_now()
-                else:
-                    await self._park(now, wake_at, precise)
+            await self._drive(until=None)
         except BaseException as exc:  # cancelled with its loop, or a bug: nobody may hang
             self._fail_all(exc if isinstance(exc, Exception) else RuntimeError("the event loop is shutting down"))
             if not isinstance(exc, Exception):
                 raise
         finally:
-            self._running = False
-            for queue in self._queues.values():
-                self._drop_backstop(queue)
-            if self._listening:
-                self._listening = False
-                _doorbell.doorbell().ignore(self._poke_threadsafe)
+            self._stop()
+
+    def _stop(self) -> None:
+        self._running = False
+        for queue in self._queues.values():
+            self._drop_backstop(queue)
+        if self._listening:
+            self._listening = False
+            _doorbell.doorbell().ignore(self._poke_threadsafe)
 
     def _sweep(self, now: float) -> None:
         for queue in list(self._queues.values()):
@@ -210,14 +239,21 @@ class Watcher:
                 del self._queues[queue.key]
 
     def _plan(self, now: float) -> tuple[float, bool]:
-        """When to look next (``<= now``: at once), and whether a precise wake-up is needed."""
-        wake_at, precise = math.inf, False
-        for queue in self._queues.values():
-            mode = queue.entries[0].mode
-            on_loop = mode not in _OFF_LOOP
-            if on_loop and (queue.watch_from <= now <= queue.watch_until or now <= queue.momentum_until):
+        """When to look next (``<= now``: at once), and whether a precise wake-up is needed.
+
+        Waiter threads (backstops) are started only when the loop is about to sleep: while it
+        watches any queue closely, its sweeps look at every queue anyway.
+        """
+        queues = self._queues.values()
+        for queue in queues:
+            if queue.entries[0].mode not in _OFF_LOOP and (
+                queue.watch_from <= now <= queue.watch_until or now <= queue.momentum_until
+            ):
                 return now, False
-            if on_loop and now < queue.watch_from:
+        wake_at, precise = math.inf, False
+        for queue in queues:
+            mode = queue.entries[0].mode
+            if mode not in _OFF_LOOP and now < queue.watch_from:
                 if queue.watch_from < wake_at:
                     wake_at, precise = queue.watch_from, mode == "auto"
                 continue
@@ -333,6 +369,8 @@ class Watcher:
     def _fail_all(self, error: BaseException) -> None:
         for queue in list(self._queues.values()):
             self._fail_queue(queue, error)
+            self._drop_backstop(queue)
+        self._queues.clear()
 
 
 _asyncio_watchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Watcher] = weakref.WeakKeyDictionary()
