@@ -10,8 +10,10 @@ for each way of waiting:
 - event-loop responsiveness: p99 and max lag of a 1 kHz ticker while the waits run;
 
 and fan-out: 1,000 and 10,000 concurrent waiters over 1, 8 and 64 streams, work queued behind a
-latch and then released: wall time against the floor (synchronizing the last event of each
-stream), and host CPU per wait.
+latch and then released: wall time against two floors — the GPU floor (synchronizing the last
+event of each stream, no waiting task at all) and the task floor (the same, then resolving a
+plain future that each of the N waiting tasks awaits: the least a loop can do to wake them) —
+and host CPU per wait.
 
 Writes ``wake.json``, ``wake.md`` and ``wake.png`` (latency overhead against CPU per wait, one
 point per strategy and workload) to ``--out`` and prints a progress line per case. Without a
@@ -76,6 +78,7 @@ class FanoutRow:
     events: int
     wall_ms: float
     wall_ratio_to_floor: float
+    wall_ratio_to_task_floor: float
     cpu_us_per_wait: float
 
 
@@ -197,19 +200,23 @@ async def fanout_cases(device: aiogpu.Device, quick: bool) -> list[FanoutRow]:
     rows = []
     for waiters in FANOUT_WAITERS:
         for nstreams in FANOUT_STREAMS:
-            floor_wall = None
+            measured = []
             for name in baselines.FANOUT_WAITERS:
                 if quick and name == "aiogpu thread" and waiters > 1000:
                     continue
                 wall, cpu, events = await fanout_case(device, name, waiters, nstreams)
-                floor_wall = floor_wall or wall
-                row = FanoutRow(name, waiters, nstreams, events, wall * 1e3, wall / floor_wall, cpu / waiters * 1e6)
-                rows.append(row)
+                measured.append((name, wall, cpu, events))
                 print(
-                    f"fan-out {waiters:6} waiters {nstreams:3} streams ({events:5} events)  {name:28}"
-                    f" wall {row.wall_ms:8.2f} ms ({row.wall_ratio_to_floor:5.2f}x floor)  cpu/wait {row.cpu_us_per_wait:6.2f} us",
+                    f"fan-out {waiters:6} waiters {nstreams:3} streams ({events:5} events)  {name:40}"
+                    f" wall {wall * 1e3:8.2f} ms  cpu/wait {cpu / waiters * 1e6:6.2f} us",
                     flush=True,
                 )
+            floors = {name: wall for name, wall, _, _ in measured}
+            gpu_floor, task_floor = floors[baselines.FANOUT_GPU_FLOOR], floors[baselines.FANOUT_TASK_FLOOR]
+            rows += [
+                FanoutRow(name, waiters, nstreams, events, wall * 1e3, wall / gpu_floor, wall / task_floor, cpu / waiters * 1e6)
+                for name, wall, cpu, events in measured
+            ]
     return rows
 
 
