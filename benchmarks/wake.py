@@ -3,8 +3,10 @@
 For GPU work of about 20 µs, 200 µs and 5 ms (a kernel that spins for that long) it measures,
 for each way of waiting:
 
-- wake latency: p50 and p99 of launch-to-wake time, and the overhead over the floor (a busy
-  ``cuEventSynchronize`` on the loop, measured in the same run);
+- wake latency: p50 and p99 of the time from the launch call's return to the wake-up (the
+  launch call itself varies by tens of µs from call to call on an H200 and is the same for
+  every waiter), and the overhead over the floor (a busy ``cuEventSynchronize`` on the loop,
+  measured in the same run);
 - host CPU per wait (process CPU time over the case divided by waits), also as a fraction of
   the floor's;
 - event-loop responsiveness: p99 and max lag of a 1 kHz ticker while the waits run;
@@ -13,7 +15,7 @@ and fan-out: 1,000 and 10,000 concurrent waiters over 1, 8 and 64 streams, work 
 latch and then released: wall time against two floors — the GPU floor (synchronizing the last
 event of each stream, no waiting task at all) and the task floor (the same, then resolving a
 plain future that each of the N waiting tasks awaits: the least a loop can do to wake them) —
-and host CPU per wait.
+and host CPU per wait. The garbage collector is off while a fan-out runs (as ``timeit`` does).
 
 Writes ``wake.json``, ``wake.md`` and ``wake.png`` (latency overhead against CPU per wait, one
 point per strategy and workload) to ``--out`` and prints a progress line per case. Without a
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import gc
 import json
 import platform
 import statistics
@@ -97,8 +100,8 @@ async def time_waits(
     samples = []
     cpu = time.process_time()
     for _ in range(waits):
-        started = time.perf_counter()
         launch_spin(stream, work)
+        started = time.perf_counter()  # the launch call's own time varies by tens of µs: not the wait's
         await wait()
         samples.append(time.perf_counter() - started)
     return samples, time.process_time() - cpu
@@ -181,12 +184,17 @@ async def fanout_case(device: aiogpu.Device, name: str, waiters: int, nstreams: 
             tasks = baselines.fanout_tasks(name, targets, events)
             await asyncio.sleep(0)  # every waiter is parked before the release
             await asyncio.sleep(0)
-            cpu = time.process_time()
-            started = time.perf_counter()
-            latch.release()
-            await tasks()
-            wall = time.perf_counter() - started
-            cpu = time.process_time() - cpu
+            gc.collect()
+            gc.disable()  # as timeit does: a collection of 10,000 tasks' garbage is noise here
+            try:
+                cpu = time.process_time()
+                started = time.perf_counter()
+                latch.release()
+                await tasks()
+                wall = time.perf_counter() - started
+                cpu = time.process_time() - cpu
+            finally:
+                gc.enable()
             for event in flat:
                 event.close()
             return wall, cpu, len(flat)

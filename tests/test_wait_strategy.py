@@ -89,3 +89,35 @@ async def test_callback_watchdog_reports_a_fault(sim: SimulatedDriver) -> None:
                 await anyio.wait_all_tasks_blocked()
                 work.fail("CUDA_ERROR_ILLEGAL_ADDRESS")
     assert [error.name for error in errors] == ["CUDA_ERROR_ILLEGAL_ADDRESS"]
+
+
+@pytest.mark.anyio
+async def test_auto_watches_earlier_when_its_timed_wake_ups_arrive_late(
+    sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The precise timer is made 3 ms late; ``auto`` must learn it and start watching earlier."""
+    from aiogpu._wait import _timer, _watcher
+
+    late = 3e-3
+    call_at = _timer.Timer.call_at
+    monkeypatch.setattr(_timer.Timer, "call_at", lambda self, when, callback: call_at(self, when + late, callback))
+    with aiogpu.Stream(sim.device(0)) as stream:
+        with anyio.fail_after(10):
+            for _ in range(4):  # learn the duration, then park on the (late) timer
+                sim.launch(stream, seconds=0.04)
+                await stream.record().wait(strategy="auto")
+        watcher = _watcher.current()
+        assert watcher._lateness, "no precise wake-up was timed"
+        assert max(watcher._lateness) >= late
+        sim.launch(stream, seconds=0.04)
+        event = stream.record()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(partial(event.wait, strategy="auto"))
+            await anyio.wait_all_tasks_blocked()
+            queue = next(iter(watcher._queues.values()))
+            estimate = queue.predictor.estimate
+            assert estimate is not None
+            lead = queue.start + estimate - queue.watch_from
+            assert lead == pytest.approx(_watcher.LEAD["auto"] + min(max(watcher._lateness), 0.15 * estimate))
+            assert lead >= _watcher.LEAD["auto"] + late
+        await event

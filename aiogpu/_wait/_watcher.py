@@ -53,6 +53,12 @@ WATCH_AFTER_PROGRESS = {"auto": 100e-6, "poll": 100e-6, "thread": 0.0, "callback
 #: How long before the predicted completion close watching starts (covers wake-up jitter:
 #: the timer thread's ~50-100 µs, the loop timers' ~1 ms).
 LEAD = {"auto": 250e-6, "poll": 1.5e-3, "thread": 150e-6, "callback": 0.0}
+#: ``auto`` also learns how late its precise wake-ups arrive (timer thread, then the loop
+#: thread waking from idle: 100-500 µs on an H200 host after a few ms asleep) and starts
+#: watching that much earlier: the largest of the last ``LATENESS_WINDOW`` wake-ups, but never
+#: more than ``LATENESS_SHARE`` of the predicted duration (the CPU that costs).
+LATENESS_WINDOW = 32
+LATENESS_SHARE = 0.15
 #: Parked queues are queried at least this often (first, then doubling to the cap). For
 #: ``callback`` this is the watchdog: host functions never run after a sticky context error.
 COLD_POLL = {"auto": (1e-3, 10e-3), "poll": (0.25e-3, 2e-3), "thread": (1e-3, 10e-3), "callback": (1e-3, 10e-3)}
@@ -113,6 +119,7 @@ class Watcher:
         self._running = False
         self._park_signal: Signal | None = None
         self._listening = False  # to the doorbell
+        self._lateness: deque[float] = deque(maxlen=LATENESS_WINDOW)  # of precise wake-ups (s)
 
     # -- the waiting task's side --------------------------------------------------------------
     async def wait(self, target: WaitTarget, mode: Mode) -> None:
@@ -166,12 +173,15 @@ class Watcher:
         once its own wait is over and hands what is left to the system task.
         """
         checkpointed = False
+        look = until is None  # a waiting task saw its work pending a moment ago: plan first
         while self._queues:
-            self._sweep(time.perf_counter())
-            if until is not None and until.is_set():
-                break
-            if not self._queues:
-                break
+            if look:
+                self._sweep(time.perf_counter())
+                if until is not None and until.is_set():
+                    break
+                if not self._queues:
+                    break
+            look = True
             now = time.perf_counter()
             wake_at, precise = self._plan(now)
             if wake_at <= now:
@@ -273,6 +283,9 @@ class Watcher:
             if precise:
                 handle = _timer.timer().call_at(wake_at, self._poke_threadsafe)
                 await signal.wait()
+                late = time.perf_counter() - wake_at
+                if late >= 0:  # woken by the timer, not by a completion or a new wait
+                    self._lateness.append(late)
             else:
                 await self._backend.wait_signal(signal, wake_at - now)
         finally:
@@ -302,7 +315,10 @@ class Watcher:
             queue.watch_from, queue.watch_until = now, now + WATCH_UNPREDICTED[mode]
         else:
             expected = queue.start + estimate
-            queue.watch_from = expected - LEAD[mode]
+            lead = LEAD[mode]
+            if mode == "auto" and self._lateness:
+                lead += min(max(self._lateness), LATENESS_SHARE * estimate)
+            queue.watch_from = expected - lead
             queue.watch_until = expected + _watch_past_prediction(estimate)
 
         queue.momentum_until = now + WATCH_AFTER_PROGRESS[mode] if after_progress else 0.0
