@@ -202,6 +202,27 @@ class Contract:
                     latch.release()
             assert woke.is_set()
 
+    async def test_a_wait_that_starts_while_the_watcher_winds_down_is_watched(
+        self, device: aiogpu.Device, strategy: aiogpu.WaitStrategy
+    ) -> None:
+        # A cancelled driver hands its (now abandoned) wait to the system task, which finds
+        # nothing left and stops; a wait starting at any moment of that must still be watched.
+        for pause in range(6):
+            with aiogpu.Stream(device) as stream, Latch(device) as latch:
+                latch.block(stream)
+                abandoned, awaited = stream.record(), stream.record()
+                with anyio.fail_after(10):
+                    async with anyio.create_task_group() as tg:
+                        scope = anyio.CancelScope()
+                        tg.start_soon(self._wait_in, scope, abandoned, strategy)
+                        await anyio.wait_all_tasks_blocked()
+                        scope.cancel()
+                        for _ in range(pause):
+                            await anyio.lowlevel.checkpoint()
+                        tg.start_soon(partial(awaited.wait, strategy=strategy))
+                        await anyio.wait_all_tasks_blocked()
+                        latch.release()
+
     @staticmethod
     async def _wait_in(scope: anyio.CancelScope, event: aiogpu.Event, strategy: aiogpu.WaitStrategy) -> None:
         with scope:

@@ -189,8 +189,10 @@ class Watcher:
             else:
                 await self._park(now, wake_at, precise)
             checkpointed = True
-        if not checkpointed:  # a wait is always a checkpoint, even when the first look sees it done
+        if until is not None and not checkpointed:  # a wait is always a checkpoint
             await self._backend.yield_now()
+        # The system task must stop right after seeing no queue left: a wait that started
+        # during a yield here would see the watcher running and be left without a driver.
 
     def _hand_over(self) -> None:
         """A waiting task stops driving: the system task takes over what is left."""
