@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, final
 
 import anyio.lowlevel
 
-from . import _driver, _wait
+from . import _driver, _foreign, _wait
 from ._device import Device
 from ._driver import EVENT_BLOCKING_SYNC, EVENT_DISABLE_TIMING, EVENT_INTERPROCESS, IPC_HANDLE_SIZE
 from ._errors import EventStateError
@@ -97,6 +97,7 @@ class Event:
         "_generation",
         "_handle",
         "_lifetime",
+        "_owner",
         "_record_sequence",
         "_recorded",
         "_recorded_at",
@@ -108,6 +109,7 @@ class Event:
     _handle: int
     _flags: int
     _lifetime: HandleLifetime
+    _owner: object  # an adopted event's owner, kept alive while the wrapper is open
     _recorded: bool
     _generation: int  # how many times recorded: a wait is for one recording
     _stream_key: object  # the stream of the last recording: the wake engine queues per stream
@@ -143,17 +145,69 @@ class Event:
             handle = device._driver.event_create(flags)
         self._setup(device, handle, flags, recorded=False)
 
-    def _setup(self, device: Device, handle: int, flags: int, *, recorded: bool) -> None:
+    def _setup(self, device: Device, handle: int, flags: int, *, recorded: bool, owner: object = None) -> None:
         self._device = device
         self._driver = device._driver
         self._handle = handle
+        self._owner = owner
         self._flags = flags
         self._recorded = recorded
         self._generation = 0
         self._stream_key = ("event", id(self))  # until recorded: its own queue
         self._recorded_at = time.perf_counter()
         self._record_sequence = next(_record_sequence)
-        self._lifetime = HandleLifetime(self, "Event", handle, device._driver.event_destroy)
+        destroy = device._driver.event_destroy if owner is None else None  # never destroy a borrowed event
+        self._lifetime = HandleLifetime(self, "Event", handle, destroy)
+
+    @classmethod
+    def adopt(cls, obj: object, *, device: Device | None = None) -> Event:
+        """Wrap an event owned by another library, without copying it or taking ownership.
+
+        Accepts a ``torch.cuda.Event``, a ``cupy.cuda.Event``, a cuda.core ``Event``, a
+        ``cuda.bindings.driver.CUevent`` or a raw ``CUevent`` address. The result is awaitable
+        and can be queried, synchronized, timed and recorded like any Event; aiogpu keeps
+        ``obj`` alive while the wrapper is open and never destroys the event (``close()``
+        only lets go of it). Records made through the owner are seen too: a wait is for
+        whatever the event captured last.
+
+        An adopted event counts as recorded: aiogpu cannot tell, and CUDA reports a never
+        recorded event as complete — except a torch event, which torch creates only at its
+        first ``record()``.
+
+        Args:
+            obj: The event to adopt. An aiogpu Event is returned as is.
+            device: The device the event belongs to. Required where ``obj`` does not say
+                (CuPy events, ``CUevent`` and raw addresses); must match where it does.
+
+        Raises:
+            TypeError: ``obj`` is not an event, or ``device`` is not a Device.
+            ValueError: ``device`` is missing where needed, or disagrees with ``obj``'s.
+            EventStateError: A torch event that was never recorded.
+        """
+        if isinstance(obj, Event):
+            return obj
+        if device is not None and not isinstance(device, Device):
+            raise TypeError(f"device must be an aiogpu.Device, got {device!r}")
+        foreign = _foreign.describe_event(obj)
+        if not foreign.recorded:
+            raise EventStateError(
+                f"cannot adopt {type(obj).__name__}: it was never recorded (torch creates the CUDA event "
+                "at its first record()); record it first"
+            )
+        if device is None:
+            if foreign.device is None:
+                raise ValueError(f"{type(obj).__name__} does not say which device it belongs to: pass device=")
+            device = Device(foreign.device)
+        elif foreign.device is not None and foreign.device != device.ordinal:
+            raise ValueError(f"the event belongs to device {foreign.device}, not device {device.ordinal}")
+        event = object.__new__(cls)
+        event._setup(device, foreign.handle, foreign.flags, recorded=True, owner=obj)
+        return event
+
+    @property
+    def is_owned(self) -> bool:
+        """Whether aiogpu created this event (and destroys it on close) rather than adopted it."""
+        return self._lifetime.owns_handle
 
     # -- properties ---------------------------------------------------------------------------
     @property
@@ -388,6 +442,8 @@ class Event:
 
     def __repr__(self) -> str:
         state = "closed" if self._lifetime.closed else "recorded" if self._recorded else "unrecorded"
+        if not self._lifetime.owns_handle:
+            state += " adopted"
         options = "".join(
             f" {name}"
             for name, on in (

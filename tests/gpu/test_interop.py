@@ -214,3 +214,78 @@ async def test_torch_enqueues_on_an_aiogpu_stream(gpu: aiogpu.Device) -> None:
             await stream.wait_idle()
         assert external.query()
         assert result.tolist() == [0, 3, 6, 9]
+
+
+# -- events other libraries own -------------------------------------------------------------------
+@dataclass(frozen=True)
+class ForeignEvent:
+    """An event another library owns, recorded by its owner on a stream aiogpu holds."""
+
+    event: object
+    handle: int  # its CUevent address, as its owner reports it
+    device: bool  # whether Event.adopt can tell the device without device=
+    query: Callable[[], bool]  # the owner's own "is it done?"
+
+
+@contextmanager
+def torch_event(device: aiogpu.Device, stream: aiogpu.Stream) -> Iterator[ForeignEvent]:
+    torch = import_torch()
+    event = torch.cuda.Event()
+    event.record(torch.cuda.ExternalStream(stream.handle, device=device.ordinal))
+    yield ForeignEvent(event, event.cuda_event, True, event.query)
+
+
+@contextmanager
+def cupy_event(device: aiogpu.Device, stream: aiogpu.Stream) -> Iterator[ForeignEvent]:
+    cupy = import_library("cupy")
+    with cupy.cuda.Device(device.ordinal):
+        event = cupy.cuda.Event()
+        event.record(cupy.cuda.Stream.from_external(stream))  # through __cuda_stream__
+    yield ForeignEvent(event, event.ptr, False, lambda: bool(event.done))
+
+
+@contextmanager
+def cuda_core_event(device: aiogpu.Device, stream: aiogpu.Stream) -> Iterator[ForeignEvent]:
+    cuda_core = import_library("cuda.core")
+    core_device = cuda_core.Device(device.ordinal)
+    core_device.set_current()
+    event = core_device.create_stream(stream).record()
+    try:
+        yield ForeignEvent(event, int(event.handle), True, lambda: bool(event.is_done))
+    finally:
+        event.close()
+
+
+FOREIGN_EVENTS: dict[str, Callable[[aiogpu.Device, aiogpu.Stream], AbstractContextManager[ForeignEvent]]] = {
+    "torch": torch_event,
+    "cupy": cupy_event,
+    "cuda.core": cuda_core_event,
+}
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("owner", FOREIGN_EVENTS)
+async def test_adopted_event_is_awaitable_and_stays_its_owners(gpu: aiogpu.Device, owner: str) -> None:
+    with aiogpu.Stream(gpu) as stream, Latch(gpu) as latch:
+        latch.block(stream)
+        with FOREIGN_EVENTS[owner](gpu, stream) as foreign:
+            event = aiogpu.Event.adopt(foreign.event, device=None if foreign.device else gpu)
+            assert event.handle == foreign.handle
+            assert event.device is gpu
+            assert not event.is_owned
+            assert not event.is_done
+            assert not foreign.query()
+            woke = anyio.Event()
+
+            async def waiter() -> None:
+                await event
+                woke.set()
+
+            with anyio.fail_after(TIMEOUT):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(waiter)
+                    await anyio.wait_all_tasks_blocked()
+                    assert not woke.is_set()
+                    latch.release()
+            event.close()
+            assert foreign.query()  # closing the wrapper left the owner's event alive
