@@ -120,6 +120,7 @@ class Watcher:
         self._park_signal: Signal | None = None
         self._listening = False  # to the doorbell
         self._lateness: deque[float] = deque(maxlen=LATENESS_WINDOW)  # of precise wake-ups (s)
+        self._backstops_auto = 0  # auto backstops started since the loop last watched closely
 
     # -- the waiting task's side --------------------------------------------------------------
     async def wait(self, target: WaitTarget, mode: Mode) -> None:
@@ -261,6 +262,7 @@ class Watcher:
             if queue.entries[0].mode not in _OFF_LOOP and (
                 queue.watch_from <= now <= queue.watch_until or now <= queue.momentum_until
             ):
+                self._drop_auto_backstops()
                 return now, False
         wake_at, precise = math.inf, False
         for queue in queues:
@@ -345,8 +347,19 @@ class Watcher:
             done = min(done, backstop.detected_at)
         queue.predictor.observe(pending - queue.start, done - queue.start)
 
+    def _drop_auto_backstops(self) -> None:
+        """The loop watches closely, and its sweeps see every queue: ``auto``'s waiter threads
+        would only add wake-ups (and GIL hand-offs) now. ``thread`` queues keep theirs."""
+        if self._backstops_auto:
+            self._backstops_auto = 0
+            for queue in self._queues.values():
+                if queue.backstop is not None and queue.entries[0].mode == "auto":
+                    self._drop_backstop(queue)
+
     def _start_backstop(self, queue: _Queue, spin_from: float | None) -> None:
         queue.backstop = _thread.pool().subscribe(queue.entries[0].target, self._poke_threadsafe, spin_from)
+        if queue.entries[0].mode == "auto":
+            self._backstops_auto += 1
 
     def _ring_when_done(self, queue: _Queue) -> None:
         """Make the GPU ring the doorbell once the head's work is done (a host function)."""
