@@ -1239,3 +1239,32 @@ def test_launch_on_another_drivers_stream_is_refused(sim: SimulatedDriver) -> No
         with pytest.raises(ValueError, match="does not belong to this SimulatedDriver"):
             sim.launch(other.device(0).default_stream, seconds=0)
         assert foreign.is_idle
+
+
+def test_record_latency_makes_every_recording_take_that_long() -> None:
+    sim = SimulatedDriver(record_latency=0.05)
+    device = sim.device(0)
+    with aiogpu.Stream(device) as stream:
+        started = time.monotonic()
+        event = stream.record()
+        assert not event.is_done  # no launch(): the recording itself carries the latency
+        event.synchronize()
+        assert time.monotonic() - started >= 0.05
+        event.close()
+    with pytest.raises(ValueError, match="record_latency must be a finite non-negative number"):
+        SimulatedDriver(record_latency=math.inf)
+
+
+def test_fail_next_record_faults_the_next_recorded_work(sim: SimulatedDriver) -> None:
+    device = sim.device(0)
+    with aiogpu.Stream(device) as stream:
+        before = stream.record()
+        assert before.is_done
+        sim.fail_next_record("CUDA_ERROR_LAUNCH_FAILED")
+        failed = stream.record()
+        with pytest.raises(aiogpu.CudaError) as caught:
+            _ = failed.is_done
+        assert caught.value.name == "CUDA_ERROR_LAUNCH_FAILED"
+        assert caught.value.is_context_lost
+    with pytest.raises(ValueError, match="unknown CUresult name"):
+        sim.fail_next_record("NOT_AN_ERROR")

@@ -188,6 +188,8 @@ class SimulatedDriver:
         forbid_blocking_on_event_loop: Raise ``RuntimeError`` instead of blocking when a
             synchronize call would block a thread that is running an event loop (a bug detector
             for code that must never block its loop).
+        record_latency: Seconds of simulated work enqueued before every event record, so code
+            that never calls :meth:`launch` (a service under test) still sees GPU work take time.
     """
 
     name = "simulated"
@@ -198,9 +200,12 @@ class SimulatedDriver:
         *,
         priority_range: tuple[int, int] = (0, -5),
         forbid_blocking_on_event_loop: bool = False,
+        record_latency: float = 0.0,
     ) -> None:
         if isinstance(devices, bool) or not isinstance(devices, int) or devices < 0:
             raise ValueError(f"devices must be a non-negative int, got {devices!r}")
+        self._record_latency = _check_seconds("record_latency", record_latency)
+        self._faults_to_inject: list[int] = []  # CUresults for the next records' work
         self._changed = threading.Condition(threading.RLock())
         self._next_handle = itertools.count(0x7000_0000, 0x10).__next__
         self._contexts = [_Context(self._next_handle(), ordinal) for ordinal in range(devices)]
@@ -233,6 +238,16 @@ class SimulatedDriver:
             yield self
         finally:
             _driver.swap_default_driver(previous)
+
+    def fail_next_record(self, error: int | str = "CUDA_ERROR_ILLEGAL_ADDRESS") -> None:
+        """Make the work captured by the next event record, on any stream, fault with ``error``.
+
+        For code that never calls :meth:`launch` (a service under test): the fault is sticky,
+        as on a GPU, so the context stays unusable for the rest of the simulation.
+        """
+        code = _code(error)
+        with self._changed:
+            self._faults_to_inject.append(code)
 
     def launch(self, stream: Stream, seconds: float | None = None, *, error: int | str | None = None) -> SimulatedWork:
         """Enqueue simulated work on ``stream``.
@@ -409,6 +424,7 @@ class SimulatedDriver:
             self._check_context(sim_stream.context, "cuEventRecord")
             if sim_event.context is not sim_stream.context:
                 raise cuda_error(_driver.result_code("CUDA_ERROR_INVALID_HANDLE"), "cuEventRecord")
+            self._inject(sim_stream)
             now = time.monotonic()
             self._advance(sim_stream, now)
             sim_event.stream = sim_stream
@@ -511,6 +527,15 @@ class SimulatedDriver:
         now = time.monotonic()
         for stream in list(self._busy):
             self._advance(stream, now)
+
+    def _inject(self, stream: _Stream) -> None:
+        """Enqueue the configured record latency and any fault waiting to be injected (lock held)."""
+        if self._faults_to_inject:
+            op = self._enqueue(stream)
+            op.fault = self._faults_to_inject.pop(0)
+            stream.context.faults_pending += 1
+        if self._record_latency:
+            self._enqueue(stream).duration = self._record_latency
 
     def _launch_stream(self, stream: int) -> _Op:
         context = self._current_context("cuLaunchKernel")
@@ -674,6 +699,12 @@ class SimulatedDriver:
 
 
 _HOST_FUNCTION = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+def _check_seconds(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        raise ValueError(f"{name} must be a finite non-negative number of seconds, got {value!r}")
+    return float(value)
 
 
 def _running_event_loop() -> bool:

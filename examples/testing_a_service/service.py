@@ -1,0 +1,45 @@
+"""A small async GPU service: the kind of code the aiogpu pytest plugin lets you test without a GPU.
+
+Each request takes a stream from a pool, enqueues its GPU work (a real service would call its
+model here: torch, CuPy, ...), records an event and awaits it; a GPU fault becomes an error
+response, not a hung request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import anyio
+
+import aiogpu
+
+Enqueue = Callable[[aiogpu.Stream], None]
+
+
+class Service:
+    def __init__(self, streams: int = 2, enqueue: Enqueue | None = None) -> None:
+        device = aiogpu.Device(0)  # under the plugin's simulated_gpu fixture: a simulated device
+        self.streams = [aiogpu.Stream(device, nonblocking=True) for _ in range(streams)]
+        self._free = list(self.streams)
+        self._available = anyio.Semaphore(streams)
+        self._enqueue = enqueue or (lambda stream: None)
+
+    async def handle(self, request: str) -> str:
+        async with self._available:
+            stream = self._free.pop()
+            try:
+                self._enqueue(stream)
+                done = stream.record()
+                try:
+                    await done
+                except aiogpu.CudaError as error:
+                    return f"{request}: failed ({error.name})"
+                finally:
+                    done.close()
+                return f"{request}: ok"
+            finally:
+                self._free.append(stream)
+
+    def close(self) -> None:
+        for stream in self.streams:
+            stream.close()
