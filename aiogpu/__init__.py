@@ -14,6 +14,7 @@ from ._errors import CudaUnavailableError as CudaUnavailableError
 from ._errors import EventStateError as EventStateError
 from ._event import Event as Event
 from ._event import IpcEventHandle as IpcEventHandle
+from ._pool import StreamPool as StreamPool
 from ._stream import Stream as Stream
 from ._version import __version__ as __version__
 from ._wait import WaitStrategy as WaitStrategy
@@ -30,6 +31,7 @@ __all__ = (
     "EventStateError",
     "IpcEventHandle",
     "Stream",
+    "StreamPool",
     "WaitStrategy",
     "get_default_wait_strategy",
     "set_default_wait_strategy",

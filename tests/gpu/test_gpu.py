@@ -195,3 +195,28 @@ async def test_thread_strategy_leaves_no_thread_behind(gpu: aiogpu.Device) -> No
     assert statistics.threads == 0, statistics
     assert statistics.running_jobs == statistics.queued_jobs == 0, statistics
     assert statistics.subscribers == 0, statistics
+
+
+# -- a stream pool over every GPU ---------------------------------------------------------------
+async def test_stream_pool_spreads_over_every_gpu_and_their_work_is_awaited(gpu: aiogpu.Device) -> None:
+    count = aiogpu.Device.count()
+    with aiogpu.StreamPool(streams_per_device=2) as pool:
+        assert pool.devices == tuple(aiogpu.Device(ordinal) for ordinal in range(count))
+        streams = [await pool.acquire() for _ in range(count)]
+        assert {stream.device.ordinal for stream in streams} == set(range(count))  # one per GPU first
+        latches = [Latch(stream.device) for stream in streams]
+        events = []
+        for stream, latch in zip(streams, latches, strict=True):
+            latch.block(stream)
+            launch_spin(stream, 0.001)
+            events.append(stream.record())
+        assert not any(event.is_done for event in events)
+        for latch in latches:
+            latch.release()
+        with anyio.fail_after(TIMEOUT):
+            for event in events:
+                await event
+        for stream, latch in zip(streams, latches, strict=True):
+            latch.close()
+            pool.release(stream)
+        assert pool.in_use == 0
