@@ -16,6 +16,10 @@ from ._event import Event as Event
 from ._event import IpcEventHandle as IpcEventHandle
 from ._pool import StreamPool as StreamPool
 from ._stream import Stream as Stream
+from ._transfer import PinnedBuffer as PinnedBuffer
+from ._transfer import PinnedPool as PinnedPool
+from ._transfer import copy_to_device as copy_to_device
+from ._transfer import copy_to_host as copy_to_host
 from ._version import __version__ as __version__
 from ._wait import WaitStrategy as WaitStrategy
 from ._wait import get_default_wait_strategy as get_default_wait_strategy
@@ -30,9 +34,13 @@ __all__ = (
     "Event",
     "EventStateError",
     "IpcEventHandle",
+    "PinnedBuffer",
+    "PinnedPool",
     "Stream",
     "StreamPool",
     "WaitStrategy",
+    "copy_to_device",
+    "copy_to_host",
     "get_default_wait_strategy",
     "set_default_wait_strategy",
 )

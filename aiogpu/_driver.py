@@ -93,6 +93,11 @@ class Driver(Protocol):
     def event_elapsed_time(self, start: int, end: int) -> float: ...
     def ipc_get_event_handle(self, event: int) -> bytes: ...
     def ipc_open_event_handle(self, data: bytes) -> int: ...
+    # Awaitable transfers: page-locked host memory, and copies ordered on a stream (unified
+    # addressing: the direction follows from the pointers).
+    def host_alloc(self, nbytes: int) -> int: ...
+    def host_free(self, pointer: int) -> None: ...
+    def memcpy_async(self, destination: int, source: int, nbytes: int, stream: int) -> None: ...
     # Test instruments (aiogpu.testing): hold a stream on a host-released latch, keep the
     # device busy for a while, or make it fault.
     def latch_create(self) -> int: ...
@@ -306,6 +311,15 @@ class CudaDriver:
 
     def event_elapsed_time(self, start: int, end: int) -> float:
         return float(_check(cu.cuEventElapsedTime, start, end))
+
+    def host_alloc(self, nbytes: int) -> int:
+        return int(_check(cu.cuMemHostAlloc, nbytes, cu.CU_MEMHOSTALLOC_PORTABLE))
+
+    def host_free(self, pointer: int) -> None:
+        _check(cu.cuMemFreeHost, pointer)
+
+    def memcpy_async(self, destination: int, source: int, nbytes: int, stream: int) -> None:
+        _check(cu.cuMemcpyAsync, destination, source, nbytes, stream)
 
     def ipc_get_event_handle(self, event: int) -> bytes:
         handle = _check(cu.cuIpcGetEventHandle, event)

@@ -65,3 +65,44 @@ def _check_address(handle: object) -> int:
     if not 0 <= handle < 2**64:
         raise ValueError(f"an event handle is a 64-bit address, got {handle}")
     return handle
+
+
+@dataclass(frozen=True)
+class DeviceArray:
+    pointer: int
+    nbytes: int
+    readonly: bool
+
+
+def describe_array(obj: object) -> DeviceArray:
+    """Where ``obj``'s bytes live on the device: any C-contiguous ``__cuda_array_interface__``
+    object (torch, CuPy, Numba, ...) or a ``(device_pointer, nbytes)`` pair."""
+    if isinstance(obj, tuple) and len(obj) == 2:
+        pointer, nbytes = obj
+        for what, value in (("device pointer", pointer), ("nbytes", nbytes)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise TypeError(f"a raw device buffer is (device pointer, nbytes) of non-negative ints; {what} is {value!r}")
+        return DeviceArray(_check_address(pointer), nbytes, readonly=False)
+    interface = getattr(obj, "__cuda_array_interface__", None)
+    if not isinstance(interface, dict):
+        raise TypeError(
+            f"expected a CUDA array (an object with __cuda_array_interface__: a torch CUDA tensor, a CuPy "
+            f"or Numba device array) or a (device pointer, nbytes) pair, got {type(obj).__name__}"
+        )
+    pointer, readonly = interface["data"]
+    shape = tuple(interface["shape"])
+    itemsize = int(interface["typestr"][2:])
+    count = 1
+    for extent in shape:
+        count *= extent
+    strides = interface.get("strides")
+    if strides is not None and count > 1:
+        expected, step = [], itemsize
+        for extent in reversed(shape):
+            expected.append(step)
+            step *= extent
+        if tuple(stride for stride, extent in zip(strides, shape, strict=True) if extent > 1) != tuple(
+            stride for stride, extent in zip(reversed(expected), shape, strict=True) if extent > 1
+        ):
+            raise ValueError(f"the CUDA array is not C-contiguous (strides {tuple(strides)}); make a contiguous copy first")
+    return DeviceArray(_check_address(pointer or 0), count * itemsize, bool(readonly))

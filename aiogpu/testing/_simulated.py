@@ -69,7 +69,7 @@ class _Gate:
 
 
 class _Op:
-    __slots__ = ("after", "done_at", "duration", "fault", "gate", "host_call", "seq")
+    __slots__ = ("after", "copy", "done_at", "duration", "fault", "gate", "host_call", "seq")
 
     def __init__(self, seq: int) -> None:
         self.seq = seq
@@ -78,6 +78,7 @@ class _Op:
         self.after: tuple[_Stream, _Op] | None = None  # (other stream, the op it waits for)
         self.fault: int | None = None
         self.host_call: tuple[int, int] | None = None  # (C function, argument): a host function
+        self.copy: tuple[int, int, int] | None = None  # (destination, source, bytes): a memcpy
         self.done_at: float | None = None
 
 
@@ -121,6 +122,7 @@ class SimulatedStatistics:
         live_events: Event handles created and not destroyed.
         live_streams: Stream handles created and not destroyed (default streams excluded).
         live_latches: Latches created and not destroyed.
+        live_host_buffers: Page-locked host buffers allocated and not freed.
         lifetime_violations: Handles destroyed twice, or destroyed while a thread was
             synchronizing on them (undefined behaviour on a real GPU; aiogpu must never do it).
         spin_synchronizations: Synchronize calls that had to wait and spun (an event without the
@@ -131,6 +133,7 @@ class SimulatedStatistics:
     live_events: int
     live_streams: int
     live_latches: int
+    live_host_buffers: int
     lifetime_violations: int
     spin_synchronizations: int
     blocking_synchronizations: int
@@ -213,6 +216,7 @@ class SimulatedDriver:
         self._streams: dict[int, _Stream] = {}
         self._events: dict[int, _Event] = {}
         self._latches: dict[int, _Gate] = {}
+        self._host_buffers: dict[int, ctypes.Array[ctypes.c_char]] = {}  # "pinned" host memory
         self._busy: set[_Stream] = set()  # streams with pending ops, handles destroyed or not
         self._priority_range = priority_range
         self._forbid_blocking = forbid_blocking_on_event_loop
@@ -293,6 +297,7 @@ class SimulatedDriver:
                 live_events=len(self._events),
                 live_streams=len(self._streams),
                 live_latches=len(self._latches),
+                live_host_buffers=len(self._host_buffers),
                 lifetime_violations=self._violations,
                 spin_synchronizations=self._spins,
                 blocking_synchronizations=self._sleeps,
@@ -399,6 +404,29 @@ class SimulatedDriver:
             self._check_context(sim_stream.context, "cuStreamWaitEvent")
             if sim_event.stream is not None and sim_event.op is not None:
                 self._enqueue(sim_stream).after = (sim_event.stream, sim_event.op)
+
+    # -- Driver: host memory and copies ------------------------------------------------------
+    def host_alloc(self, nbytes: int) -> int:
+        with self._changed:
+            self._current_context("cuMemHostAlloc")
+            if nbytes <= 0:
+                raise cuda_error(_driver.result_code("CUDA_ERROR_INVALID_VALUE"), "cuMemHostAlloc")
+            buffer = ctypes.create_string_buffer(nbytes)
+            self._host_buffers[ctypes.addressof(buffer)] = buffer
+            return ctypes.addressof(buffer)
+
+    def host_free(self, pointer: int) -> None:
+        with self._changed:
+            if self._host_buffers.pop(pointer, None) is None:
+                self._violations += 1  # freed twice, or never allocated here
+                raise cuda_error(_driver.result_code("CUDA_ERROR_INVALID_VALUE"), "cuMemFreeHost")
+
+    def memcpy_async(self, destination: int, source: int, nbytes: int, stream: int) -> None:
+        with self._changed:
+            sim_stream = self._stream(stream, "cuMemcpyAsync")
+            self._check_context(sim_stream.context, "cuMemcpyAsync")
+            self._enqueue(sim_stream).copy = (destination, source, nbytes)
+            self._advance(sim_stream, time.monotonic())
 
     # -- Driver: events -----------------------------------------------------------------------
     def event_create(self, flags: int) -> int:
@@ -621,6 +649,10 @@ class SimulatedDriver:
                 return
             if op.duration is not None:
                 done_at: float | None = start + op.duration if now >= start + op.duration else None
+            elif op.copy is not None:
+                destination, source, nbytes = op.copy
+                ctypes.memmove(destination, source, nbytes)  # simulated device memory is host memory
+                done_at = start
             elif op.host_call is not None:
                 function, argument = op.host_call
                 _HOST_FUNCTION(function)(argument)  # C code: no GIL, no driver calls (as in CUDA)

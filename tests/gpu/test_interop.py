@@ -289,3 +289,39 @@ async def test_adopted_event_is_awaitable_and_stays_its_owners(gpu: aiogpu.Devic
                     latch.release()
             event.close()
             assert foreign.query()  # closing the wrapper left the owner's event alive
+
+
+# -- awaitable transfers with framework arrays ----------------------------------------------------
+@pytest.mark.anyio
+async def test_torch_tensor_round_trip_through_pinned_memory(gpu: aiogpu.Device) -> None:
+    torch = import_torch()
+    numpy = import_library("numpy")
+    producer = torch.cuda.Stream(device=gpu.ordinal)
+    with aiogpu.PinnedPool(gpu) as pool:
+        stream = aiogpu.Stream.adopt(producer)
+        with torch.cuda.stream(producer):
+            tensor = torch.arange(100_000, dtype=torch.int32, device=f"cuda:{gpu.ordinal}") * 3
+        with anyio.fail_after(TIMEOUT):
+            copied = await aiogpu.copy_to_host(tensor, after=stream, pool=pool)  # after the multiply
+        expected = numpy.arange(100_000, dtype=numpy.int32) * 3
+        assert numpy.array_equal(numpy.frombuffer(copied.view(), dtype=numpy.int32), expected)
+        copied.release()
+        target = torch.zeros(100_000, dtype=torch.int32, device=f"cuda:{gpu.ordinal}")
+        with anyio.fail_after(TIMEOUT):
+            await aiogpu.copy_to_device(target, expected[::-1].copy(), after=stream, pool=pool)
+        assert numpy.array_equal(target.cpu().numpy(), expected[::-1])
+        stream.close()
+
+
+@pytest.mark.anyio
+async def test_cupy_array_round_trip_through_pinned_memory(gpu: aiogpu.Device) -> None:
+    cupy = import_library("cupy")
+    numpy = import_library("numpy")
+    with aiogpu.PinnedPool(gpu) as pool, aiogpu.Stream(gpu) as stream, cupy.cuda.Device(gpu.ordinal):
+        values = numpy.linspace(0, 1, 4096, dtype=numpy.float64)
+        array = cupy.empty(4096, dtype=cupy.float64)
+        with anyio.fail_after(TIMEOUT):
+            await aiogpu.copy_to_device(array, values, after=stream, pool=pool)
+            copied = await aiogpu.copy_to_host(array, after=stream, pool=pool)
+        assert numpy.array_equal(numpy.frombuffer(copied.view(), dtype=numpy.float64), values)
+        copied.release()

@@ -1,0 +1,329 @@
+"""Awaitable transfers between device memory and pooled page-locked host memory.
+
+The pattern servers hand-roll with a thread (vLLM, SGLang): copy results to the host on a side
+stream, ordered after the stream that produced them, and await the copy instead of blocking the
+loop in ``synchronize()``. Rules this file keeps:
+
+- Copies go through page-locked (pinned) host memory, the only kind a copy can overlap with;
+  a :class:`PinnedPool` lends it in power-of-two size classes so a server does not allocate per
+  request, and keeps at most ``max_idle_bytes`` of it idle.
+- A copy runs on a side stream (one per pool) that first waits, on the device, for the work
+  enqueued so far on ``after``: the producer's stream is never blocked and goes on.
+- A buffer is never reused, nor freed, while a copy into or out of it may still run: a copy
+  whose await was cancelled keeps its buffer out of the pool until the GPU is done with it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import TYPE_CHECKING, final
+
+from . import _foreign
+from ._device import Device, check_int
+from ._errors import ClosedResourceError
+from ._stream import Stream
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from ._event import Event
+    from ._wait import WaitStrategy
+
+_SMALLEST = 4096
+
+
+def _size_class(nbytes: int) -> int:
+    return max(_SMALLEST, 1 << (nbytes - 1).bit_length())
+
+
+@final
+class PinnedBuffer:
+    """Page-locked host memory lent by a :class:`PinnedPool`; give it back with :meth:`release`.
+
+    ``memoryview(buffer)`` (Python 3.12+) or :meth:`view` gives its first :attr:`nbytes` bytes,
+    for ``numpy.frombuffer``, ``torch.frombuffer`` or ``bytes``.
+    """
+
+    __slots__ = ("_capacity", "_nbytes", "_pointer", "_pool")
+
+    def __init__(self, pool: PinnedPool, pointer: int, capacity: int, nbytes: int) -> None:
+        self._pool: PinnedPool | None = pool
+        self._pointer = pointer
+        self._capacity = capacity
+        self._nbytes = nbytes
+
+    @property
+    def pointer(self) -> int:
+        """The host address (also valid on the device: unified addressing)."""
+        return self._pointer
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of the transfer (the buffer may be larger: its size class)."""
+        return self._nbytes
+
+    def view(self) -> memoryview:
+        """The buffer's :attr:`nbytes` bytes, writable. Valid until :meth:`release`."""
+        if self._pool is None:
+            raise ClosedResourceError("the PinnedBuffer was given back to its pool")
+        return memoryview((ctypes.c_char * self._nbytes).from_address(self._pointer)).cast("B")
+
+    def __buffer__(self, flags: int) -> memoryview:
+        return self.view()
+
+    def release(self) -> None:
+        """Give the memory back to the pool. Idempotent; views taken before must not be used after."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool._give_back(self._pointer, self._capacity)
+
+    def __enter__(self) -> PinnedBuffer:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        state = "released" if self._pool is None else f"{self._nbytes} bytes"
+        return f"<aiogpu.PinnedBuffer {state} at {self._pointer:#x}>"
+
+
+@final
+class PinnedPool:
+    """Page-locked host buffers for transfers with ``device``, reused between requests.
+
+    Args:
+        device: The device the transfers go to and from (default: ``Device(0)``).
+        max_idle_bytes: At most this much returned memory is kept for reuse; more is freed.
+
+    Raises:
+        TypeError: An argument has the wrong type.
+        ValueError: ``max_idle_bytes`` is negative.
+    """
+
+    def __init__(self, device: Device | None = None, *, max_idle_bytes: int = 256 << 20) -> None:
+        if device is None:
+            device = Device(0)
+        elif not isinstance(device, Device):
+            raise TypeError(f"device must be an aiogpu.Device, got {device!r}")
+        self._max_idle = check_int("max_idle_bytes", max_idle_bytes)
+        if self._max_idle < 0:
+            raise ValueError(f"max_idle_bytes must be non-negative, got {self._max_idle}")
+        self._device = device
+        self._idle: dict[int, list[int]] = {}  # size class -> pointers
+        self._idle_bytes = 0
+        self._in_flight: list[tuple[Event, int, int]] = []  # (copy's event, pointer, capacity)
+        self._side_stream: Stream | None = None
+        self._closed = False
+
+    @property
+    def device(self) -> Device:
+        return self._device
+
+    @property
+    def idle_bytes(self) -> int:
+        """Bytes of returned memory kept for reuse."""
+        return self._idle_bytes
+
+    def take(self, nbytes: int) -> PinnedBuffer:
+        """Lend a buffer of at least ``nbytes`` bytes (reused where one is idle)."""
+        self._check_open()
+        nbytes = check_int("nbytes", nbytes)
+        if nbytes <= 0:
+            raise ValueError(f"nbytes must be positive, got {nbytes}")
+        self._reap()
+        capacity = _size_class(nbytes)
+        idle = self._idle.get(capacity)
+        if idle:
+            self._idle_bytes -= capacity
+            pointer = idle.pop()
+        else:
+            with self._device._activated():
+                pointer = self._device._driver.host_alloc(capacity)
+        return PinnedBuffer(self, pointer, capacity, nbytes)
+
+    def side_stream(self) -> Stream:
+        """The stream this pool's copies run on (created on first use)."""
+        self._check_open()
+        if self._side_stream is None:
+            self._side_stream = Stream(self._device, nonblocking=True)
+        return self._side_stream
+
+    def _give_back(self, pointer: int, capacity: int) -> None:
+        if not self._closed and self._idle_bytes + capacity <= self._max_idle:
+            self._idle.setdefault(capacity, []).append(pointer)
+            self._idle_bytes += capacity
+        else:
+            self._free(pointer)
+
+    def _hold_until_done(self, event: Event, buffer: PinnedBuffer) -> None:
+        """A copy's await was cancelled: keep its memory out of use until the GPU is done."""
+        pointer, capacity = buffer._pointer, buffer._capacity
+        buffer._pool = None  # the caller's buffer is gone; the pool takes it back when safe
+        self._in_flight.append((event, pointer, capacity))
+
+    def _reap(self) -> None:
+        still = []
+        for event, pointer, capacity in self._in_flight:
+            try:
+                done = event.is_done
+            except Exception:  # the context failed: the copy will never run
+                done = True
+            if done:
+                event.close()
+                self._give_back(pointer, capacity)
+            else:
+                still.append((event, pointer, capacity))
+        self._in_flight = still
+
+    def _free(self, pointer: int) -> None:
+        with self._device._activated():
+            self._device._driver.host_free(pointer)
+
+    def close(self) -> None:
+        """Free the idle memory now, and lent buffers when they are given back. Idempotent.
+
+        This **blocks** until copies abandoned by cancelled awaits have finished with their
+        memory (so it is never freed under the GPU); there are none unless awaits were cancelled.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        for event, pointer, _ in self._in_flight:
+            try:
+                event.synchronize()
+            except Exception:  # the context failed: the copy will never run
+                pass
+            event.close()
+            self._free(pointer)
+        self._in_flight.clear()
+        for pointers in self._idle.values():
+            for pointer in pointers:
+                self._free(pointer)
+        self._idle.clear()
+        self._idle_bytes = 0
+        if self._side_stream is not None:
+            self._side_stream.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedResourceError("the PinnedPool is closed")
+
+    def __enter__(self) -> PinnedPool:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+
+async def copy_to_host(source: object, *, after: Stream, pool: PinnedPool, strategy: WaitStrategy | None = None) -> PinnedBuffer:
+    """Copy a device array into pinned host memory and await the copy.
+
+    The copy runs on the pool's side stream once the work enqueued on ``after`` so far (which
+    produced ``source``) is done; ``after`` itself is not blocked and can take more work.
+
+    Args:
+        source: A C-contiguous CUDA array (torch CUDA tensor, CuPy or Numba device array, any
+            ``__cuda_array_interface__`` object) or a ``(device_pointer, nbytes)`` pair.
+        after: The stream whose work produces ``source``.
+        pool: Where the host memory comes from; its device must be ``after``'s.
+        strategy: The wait strategy (default: the process default).
+
+    Returns:
+        The host copy; give it back with ``release()`` (or ``with``) when done with it.
+
+    Raises:
+        TypeError: ``source`` is not a CUDA array, or ``after``/``pool`` have the wrong type.
+        ValueError: The array is not contiguous or is empty, or ``pool`` is for another device.
+        CudaError: The copy (or the work before it) failed.
+
+    Cancellation:
+        Returns promptly; the copy may still run, and its memory stays out of the pool until
+        it has.
+    """
+    array = _foreign.describe_array(source)
+    _check_transfer(after, pool, array)
+    buffer = pool.take(array.nbytes)
+    await _copy(pool, after, buffer.pointer, array.pointer, array.nbytes, buffer, strategy)
+    return buffer
+
+
+async def copy_to_device(
+    destination: object, source: object, *, after: Stream, pool: PinnedPool, strategy: WaitStrategy | None = None
+) -> None:
+    """Copy host bytes into a device array and await the copy.
+
+    ``source`` is staged through the pool's pinned memory unless it is a :class:`PinnedBuffer`
+    already. The copy runs on the pool's side stream after the work enqueued on ``after`` so
+    far (which may still be using ``destination``).
+
+    Args:
+        destination: A writable, C-contiguous CUDA array or ``(device_pointer, nbytes)``.
+        source: Any bytes-like object (``bytes``, ``memoryview``, a NumPy array...) or a
+            :class:`PinnedBuffer`, of exactly ``destination``'s size.
+        after: The stream whose earlier work must finish before ``destination`` is overwritten.
+        pool: Staging memory and the side stream; its device must be ``after``'s.
+        strategy: The wait strategy (default: the process default).
+
+    Raises:
+        TypeError: Wrong argument types.
+        ValueError: Sizes differ, the destination is read-only or not contiguous.
+        CudaError: The copy (or the work before it) failed.
+
+    Cancellation:
+        Returns promptly; the copy may still run. Staging memory, or a :class:`PinnedBuffer`
+        passed as ``source``, goes back to the pool only once the copy is done.
+    """
+    array = _foreign.describe_array(destination)
+    if array.readonly:
+        raise ValueError("the destination CUDA array is read-only")
+    _check_transfer(after, pool, array)
+    if isinstance(source, PinnedBuffer):
+        if source.nbytes != array.nbytes:
+            raise ValueError(f"the source has {source.nbytes} bytes, the destination {array.nbytes}")
+        await _copy(pool, after, array.pointer, source.pointer, array.nbytes, source, strategy)
+        return
+    try:
+        data = memoryview(source).cast("B")  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"the source must be bytes-like or a PinnedBuffer, got {type(source).__name__}") from None
+    if data.nbytes != array.nbytes:
+        raise ValueError(f"the source has {data.nbytes} bytes, the destination {array.nbytes}")
+    staging = pool.take(array.nbytes)
+    staging.view()[:] = data
+    await _copy(pool, after, array.pointer, staging.pointer, array.nbytes, staging, strategy)
+    staging.release()
+
+
+def _check_transfer(after: Stream, pool: PinnedPool, array: _foreign.DeviceArray) -> None:
+    if not isinstance(after, Stream):
+        raise TypeError(f"after must be an aiogpu.Stream (adopt foreign streams with Stream.adopt), got {after!r}")
+    if not isinstance(pool, PinnedPool):
+        raise TypeError(f"pool must be an aiogpu.PinnedPool, got {pool!r}")
+    if pool.device is not after.device:
+        raise ValueError(f"the pool is for device {pool.device.ordinal}, the stream for device {after.device.ordinal}")
+    if array.nbytes == 0:
+        raise ValueError("the CUDA array is empty: nothing to copy")
+
+
+async def _copy(
+    pool: PinnedPool,
+    after: Stream,
+    destination: int,
+    source: int,
+    nbytes: int,
+    buffer: PinnedBuffer,
+    strategy: WaitStrategy | None,
+) -> None:
+    """Enqueue the copy on the pool's side stream after ``after``'s work so far, and await it."""
+    side = pool.side_stream()
+    side.wait_for(after)
+    with after.device._activated():
+        after.device._driver.memcpy_async(destination, source, nbytes, side.handle)
+    done = side.record()
+    try:
+        await done.wait(strategy=strategy)
+    except BaseException:
+        pool._hold_until_done(done, buffer)
+        raise
+    done.close()

@@ -1,0 +1,140 @@
+"""Awaitable transfers through pooled pinned memory, on the simulated device (whose device memory
+is host memory) and, where there is one, the GPU (tests/gpu/test_interop.py copies torch and
+CuPy arrays).
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import anyio
+import pytest
+
+import aiogpu
+from aiogpu.testing import Latch, SimulatedDriver
+
+pytestmark = pytest.mark.anyio
+
+
+class SimulatedArray:
+    """A CUDA array as the simulated driver sees one: ``__cuda_array_interface__`` over host bytes."""
+
+    def __init__(self, data: bytes, *, readonly: bool = False) -> None:
+        self.memory = ctypes.create_string_buffer(data, len(data))
+        self.__cuda_array_interface__ = {
+            "data": (ctypes.addressof(self.memory), readonly),
+            "shape": (len(data) // 4,),
+            "typestr": "<u4",
+            "strides": None,
+            "version": 3,
+        }
+
+    def contents(self) -> bytes:
+        return self.memory.raw
+
+
+async def test_copy_to_host_waits_for_the_producer_and_returns_the_bytes(sim: SimulatedDriver) -> None:
+    device = sim.device(0)
+    source = SimulatedArray(bytes(range(64)))
+    with aiogpu.PinnedPool(device) as pool, aiogpu.Stream(device) as producer, Latch(device) as latch:
+        latch.block(producer)  # the producer's work is not done yet
+        copied: list[aiogpu.PinnedBuffer] = []
+
+        async def copy() -> None:
+            copied.append(await aiogpu.copy_to_host(source, after=producer, pool=pool))
+
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(copy)
+                await anyio.wait_all_tasks_blocked()
+                assert copied == []  # ordered after the producer's work
+                assert not producer.is_idle
+                latch.release()
+        (buffer,) = copied
+        assert buffer.nbytes == 64
+        assert bytes(buffer.view()) == bytes(range(64))
+        buffer.release()
+        assert pool.idle_bytes == 4096  # kept for reuse
+
+
+async def test_copy_to_device_from_bytes_and_from_a_pinned_buffer(sim: SimulatedDriver) -> None:
+    device = sim.device(0)
+    destination = SimulatedArray(bytes(32))
+    with aiogpu.PinnedPool(device) as pool, aiogpu.Stream(device) as stream:
+        with anyio.fail_after(10):
+            await aiogpu.copy_to_device(destination, b"\x07" * 32, after=stream, pool=pool)
+        assert destination.contents() == b"\x07" * 32
+        with pool.take(32) as staged:
+            staged.view()[:] = b"\x09" * 32
+            with anyio.fail_after(10):
+                await aiogpu.copy_to_device(destination, staged, after=stream, pool=pool)
+        assert destination.contents() == b"\x09" * 32
+
+
+async def test_buffers_are_reused_and_the_idle_bound_is_kept(sim: SimulatedDriver) -> None:
+    device = sim.device(0)
+    with aiogpu.PinnedPool(device, max_idle_bytes=4096) as pool:
+        first = pool.take(100)
+        pointer = first.pointer
+        first.release()
+        first.release()  # idempotent
+        again = pool.take(4000)  # the same 4 KiB size class
+        assert again.pointer == pointer
+        bigger = pool.take(5000)  # 8 KiB class: a new allocation
+        again.release()
+        bigger.release()  # over max_idle_bytes: freed, not kept
+        assert pool.idle_bytes == 4096
+        assert sim.statistics().live_host_buffers == 1
+        with pytest.raises(aiogpu.ClosedResourceError):
+            again.view()
+    assert sim.statistics().live_host_buffers == 0
+
+
+async def test_a_cancelled_copy_keeps_its_memory_until_the_gpu_is_done(sim: SimulatedDriver) -> None:
+    device = sim.device(0)
+    source = SimulatedArray(bytes(range(16)))
+    with aiogpu.PinnedPool(device) as pool, aiogpu.Stream(device) as producer, Latch(device) as latch:
+        latch.block(producer)
+        with anyio.move_on_after(0.02) as scope:
+            await aiogpu.copy_to_host(source, after=producer, pool=pool)
+        assert scope.cancelled_caught
+        in_flight = pool.take(16)  # the cancelled copy's memory is not lent again meanwhile
+        assert pool.idle_bytes == 0
+        latch.release()
+        await pool.side_stream().wait_idle()
+        in_flight.release()
+        reused = pool.take(16)  # now both buffers are back
+        assert pool.idle_bytes == 4096
+        reused.release()
+    assert sim.statistics().live_host_buffers == 0
+
+
+async def test_bad_input_is_refused_clearly(sim: SimulatedDriver) -> None:
+    device = sim.device(0)
+    other = sim.device(1)
+    with aiogpu.PinnedPool(device) as pool, aiogpu.Stream(device) as stream, aiogpu.Stream(other) as elsewhere:
+        with pytest.raises(TypeError, match="expected a CUDA array"):
+            await aiogpu.copy_to_host(b"not on the device", after=stream, pool=pool)
+        strided = SimulatedArray(bytes(64))
+        strided.__cuda_array_interface__["strides"] = (8,)
+        strided.__cuda_array_interface__["shape"] = (8,)
+        with pytest.raises(ValueError, match="not C-contiguous"):
+            await aiogpu.copy_to_host(strided, after=stream, pool=pool)
+        with pytest.raises(ValueError, match="the pool is for device 0, the stream for device 1"):
+            await aiogpu.copy_to_host(SimulatedArray(bytes(8)), after=elsewhere, pool=pool)
+        with pytest.raises(TypeError, match="after must be an aiogpu.Stream"):
+            await aiogpu.copy_to_host(SimulatedArray(bytes(8)), after=None, pool=pool)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="the source has 4 bytes, the destination 8"):
+            await aiogpu.copy_to_device(SimulatedArray(bytes(8)), b"1234", after=stream, pool=pool)
+        with pytest.raises(ValueError, match="read-only"):
+            await aiogpu.copy_to_device(SimulatedArray(bytes(8), readonly=True), bytes(8), after=stream, pool=pool)
+        with pytest.raises(TypeError, match="bytes-like or a PinnedBuffer"):
+            await aiogpu.copy_to_device(SimulatedArray(bytes(8)), 12345678, after=stream, pool=pool)
+        with pytest.raises(ValueError, match="nbytes must be positive"):
+            pool.take(0)
+        with pytest.raises(TypeError, match="non-negative ints"):
+            await aiogpu.copy_to_host((-1, 8), after=stream, pool=pool)
+    with pytest.raises(aiogpu.ClosedResourceError):
+        pool.take(8)
+    with pytest.raises(ValueError, match="max_idle_bytes must be non-negative"):
+        aiogpu.PinnedPool(device, max_idle_bytes=-1)
