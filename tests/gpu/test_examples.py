@@ -22,7 +22,7 @@ EXAMPLE_TIMEOUT = 120
 
 
 @pytest.mark.timeout(EXAMPLE_TIMEOUT + 30)
-@pytest.mark.parametrize("name", ["01_overlap_host_and_gpu.py"])
+@pytest.mark.parametrize("name", ["01_overlap_host_and_gpu.py", "02_pipeline_overlap.py"])
 def test_example_runs_on_the_gpu(gpu: aiogpu.Device, name: str) -> None:
     path = ROOT / "examples" / name
     assert path.is_file(), f"{path} is missing"
