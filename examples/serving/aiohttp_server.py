@@ -1,0 +1,61 @@
+"""The same inference server on aiohttp's web server, awaiting the GPU with aiogpu.
+
+POST /predict {"tokens": [ints]} -> {"outputs": [16 floats]}; GET /health. See ``model.py``.
+
+Run:  python examples/serving/aiohttp_server.py [--mode aiogpu] [--port 8000]
+"""
+
+# /// script
+# dependencies = ["aiogpu", "aiohttp", "torch"]
+# ///
+
+from __future__ import annotations
+
+import argparse
+
+from aiohttp import web
+from model import MODES, Model
+
+MODEL = web.AppKey("model", Model)
+
+
+async def predict(request: web.Request) -> web.Response:
+    body = await request.json()
+    tokens = body.get("tokens") if isinstance(body, dict) else None
+    if not isinstance(tokens, list):
+        raise web.HTTPUnprocessableEntity(text='expected {"tokens": [ints]}')
+    try:
+        outputs = await request.app[MODEL].predict(tokens)
+    except ValueError as error:
+        raise web.HTTPUnprocessableEntity(text=str(error)) from None
+    return web.json_response({"outputs": outputs})
+
+
+async def health(request: web.Request) -> web.Response:
+    model = request.app[MODEL]
+    return web.json_response({"status": "ok", "mode": model.mode, "batches": model.batches_run})
+
+
+def create_app(mode: str) -> web.Application:
+    app = web.Application()
+    app[MODEL] = model = Model(mode)
+    app.router.add_post("/predict", predict)
+    app.router.add_get("/health", health)
+
+    async def announce(app: web.Application) -> None:
+        print(f"serving on {model.where}, waiting with {mode}", flush=True)
+
+    async def close(app: web.Application) -> None:
+        model.streams.close()
+
+    app.on_startup.append(announce)
+    app.on_cleanup.append(close)
+    return app
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mode", choices=MODES, default="aiogpu")
+    parser.add_argument("--port", type=int, default=8000)
+    arguments = parser.parse_args()
+    web.run_app(create_app(arguments.mode), host="127.0.0.1", port=arguments.port, print=None)

@@ -1,0 +1,63 @@
+"""An inference server on FastAPI + uvicorn that awaits the GPU with aiogpu.
+
+POST /predict {"tokens": [ints]} -> {"outputs": [16 floats]}; GET /health. Requests are
+micro-batched and run on a pool of streams over every GPU (``model.py``). ``--mode blocking`` and
+``--mode to_thread`` wait the ways aiogpu replaces, for comparison (``loadtest.py``).
+
+Run:  python examples/serving/fastapi_server.py [--mode aiogpu] [--port 8000]
+"""
+
+# /// script
+# dependencies = ["aiogpu", "fastapi", "uvicorn", "torch"]
+# ///
+
+from __future__ import annotations
+
+import argparse
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
+
+import uvicorn
+from fastapi import FastAPI, HTTPException
+from model import MODES, Model
+from pydantic import BaseModel
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+
+class Prediction(BaseModel):
+    tokens: list[int]
+
+
+def create_app(mode: str) -> FastAPI:
+    model = Model(mode)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        print(f"serving on {model.where}, waiting with {mode}", flush=True)
+        yield
+        model.streams.close()
+
+    app = FastAPI(lifespan=lifespan)
+
+    @app.post("/predict")
+    async def predict(request: Prediction) -> dict[str, list[float]]:
+        try:
+            return {"outputs": await model.predict(request.tokens)}
+        except ValueError as error:
+            raise HTTPException(status_code=422, detail=str(error)) from None
+
+    @app.get("/health")
+    async def health() -> dict[str, object]:
+        return {"status": "ok", "mode": mode, "batches": model.batches_run}
+
+    return app
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mode", choices=MODES, default="aiogpu")
+    parser.add_argument("--port", type=int, default=8000)
+    arguments = parser.parse_args()
+    uvicorn.run(create_app(arguments.mode), host="127.0.0.1", port=arguments.port, log_level="warning")

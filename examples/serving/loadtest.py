@@ -1,0 +1,154 @@
+"""A bounded HTTP load test of the example servers: aiogpu against blocking and to_thread waits.
+
+For each mode it starts the server in its own process on loopback, waits for ``/health``, then
+``--concurrency`` clients post ``/predict`` requests back to back for ``--seconds`` (after a
+warm-up) while a probe asks ``/health`` every 10 ms. It reports requests per second, request
+latency p50 / p99 and ``/health`` p99, prints a table and writes JSON to ``--out``.
+
+Run:  python examples/serving/loadtest.py [--server fastapi|aiohttp] [--seconds 10] [--concurrency 64]
+"""
+
+# /// script
+# dependencies = ["aiogpu", "aiohttp", "fastapi", "uvicorn", "torch"]
+# ///
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+
+HERE = Path(__file__).parent
+MODES = ("aiogpu", "blocking", "to_thread")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else float("nan")
+
+
+async def wait_until_healthy(session: aiohttp.ClientSession, url: str, server: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 180  # a GPU server loads torch and builds its model first
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"the server exited with {server.returncode}")
+        try:
+            async with session.get(url + "/health") as response:
+                if response.status == 200:
+                    return
+        except aiohttp.ClientError:
+            pass
+        await asyncio.sleep(0.2)
+    raise RuntimeError("the server did not become healthy within 180 s")
+
+
+async def load(url: str, seconds: float, concurrency: int, warmup: float) -> dict[str, float]:
+    latencies: list[float] = []
+    health: list[float] = []
+    errors = 0
+    connector = aiohttp.TCPConnector(limit=concurrency + 4)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        started = time.monotonic()
+        measure_from, stop_at = started + warmup, started + warmup + seconds
+
+        async def client() -> None:
+            nonlocal errors
+            rng = random.Random()
+            while (now := time.monotonic()) < stop_at:
+                body = {"tokens": [rng.randrange(32_000) for _ in range(rng.randint(16, 128))]}
+                try:
+                    async with session.post(url + "/predict", json=body) as response:
+                        await response.read()
+                        ok = response.status == 200
+                except aiohttp.ClientError:
+                    ok = False
+                if now >= measure_from:
+                    if ok:
+                        latencies.append(time.monotonic() - now)
+                    else:
+                        errors += 1
+
+        async def probe() -> None:
+            while (now := time.monotonic()) < stop_at:
+                async with session.get(url + "/health") as response:
+                    await response.read()
+                if now >= measure_from:
+                    health.append(time.monotonic() - now)
+                await asyncio.sleep(0.01)
+
+        await asyncio.gather(probe(), *(client() for _ in range(concurrency)))
+    return {
+        "requests_per_second": len(latencies) / seconds,
+        "p50_ms": statistics.median(latencies) * 1e3 if latencies else float("nan"),
+        "p99_ms": percentile(latencies, 0.99) * 1e3,
+        "health_p99_ms": percentile(health, 0.99) * 1e3,
+        "health_max_ms": max(health) * 1e3 if health else float("nan"),
+        "errors": errors,
+    }
+
+
+def start_server(server_kind: str, mode: str, port: int) -> subprocess.Popen[bytes]:
+    command = [sys.executable, str(HERE / f"{server_kind}_server.py"), "--mode", mode, "--port", str(port)]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def stop_server(server: subprocess.Popen[bytes]) -> str:
+    """Stop the server; its output (it prints what it serves on)."""
+    server.terminate()
+    return server.communicate(timeout=30)[0].decode(errors="replace")
+
+
+async def run_mode(server_kind: str, mode: str, arguments: argparse.Namespace) -> dict[str, object]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = start_server(server_kind, mode, port)
+    try:
+        async with aiohttp.ClientSession() as session:
+            await wait_until_healthy(session, url, server)
+        result = await load(url, arguments.seconds, arguments.concurrency, arguments.warmup)
+    finally:
+        output = stop_server(server)
+    where = next((line for line in output.splitlines() if line.startswith("serving on")), "?")
+    print(
+        f"{mode:10} {result['requests_per_second']:9.0f} req/s  p50 {result['p50_ms']:7.1f} ms  p99 {result['p99_ms']:7.1f} ms"
+        f"  /health p99 {result['health_p99_ms']:7.1f} ms (max {result['health_max_ms']:6.1f})  errors {result['errors']}",
+        flush=True,
+    )
+    return {"mode": mode, "server": where, **result}
+
+
+async def main(arguments: argparse.Namespace) -> None:
+    print(f"{arguments.server} server, {arguments.concurrency} clients, {arguments.seconds:g} s per mode", flush=True)
+    rows = [await run_mode(arguments.server, mode, arguments) for mode in MODES]
+    by_mode = {row["mode"]: row for row in rows}
+    ratio = by_mode["aiogpu"]["requests_per_second"] / max(by_mode["blocking"]["requests_per_second"], 1e-9)  # type: ignore[operator]
+    print(f"aiogpu / blocking throughput: {ratio:.2f}x; served by {rows[0]['server'].removeprefix('serving on ')}")
+    if arguments.out:
+        arguments.out.write_text(
+            json.dumps({"server": arguments.server, "concurrency": arguments.concurrency, "rows": rows}, indent=1)
+        )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--server", choices=("fastapi", "aiohttp"), default="fastapi")
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--out", type=Path)
+    asyncio.run(main(parser.parse_args()))
