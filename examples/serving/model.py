@@ -1,8 +1,8 @@
 """The model behind both example servers, micro-batched, on a pool of streams over every GPU.
 
 On a GPU it is a torch network with random weights (nothing is downloaded): token embeddings,
-eight bf16 MLP blocks over every token, mean-pooled to 16 outputs — a few milliseconds of GPU
-time per batch of 32 requests of 128 tokens. Without a GPU it runs on aiogpu's simulated device
+32 bf16 MLP blocks over every token, mean-pooled to 16 outputs — GPU-bound batches of 32
+requests of up to 128 tokens. Without a GPU it runs on aiogpu's simulated device
 with a CPU stand-in: 4 ms of simulated GPU time per batch and outputs computed in Python.
 
 How a request waits for its batch (``mode``):
@@ -24,6 +24,7 @@ MODES = ("aiogpu", "blocking", "to_thread")
 TOKENS = 128
 OUTPUTS = 16
 VOCABULARY = 32_000
+BLOCKS = 32  # bf16 MLP blocks over every token: GPU-bound batches
 
 
 @dataclass
@@ -145,7 +146,7 @@ def _torch_network(device: aiogpu.Device):  # type: ignore[no-untyped-def]
         def __init__(self) -> None:
             super().__init__()
             self.embed = nn.Embedding(VOCABULARY, 2048)
-            self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(2048, 8192), nn.GELU(), nn.Linear(8192, 2048)) for _ in range(8))
+            self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(2048, 8192), nn.GELU(), nn.Linear(8192, 2048)) for _ in range(BLOCKS))
             self.head = nn.Linear(2048, OUTPUTS)
 
         def forward(self, ids: torch.Tensor) -> torch.Tensor:
