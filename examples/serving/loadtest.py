@@ -1,9 +1,10 @@
 """A bounded HTTP load test of the example servers: aiogpu against blocking and to_thread waits.
 
 For each mode it starts the server in its own process on loopback, waits for ``/health``, then
-``--concurrency`` clients post ``/predict`` requests back to back for ``--seconds`` (after a
-warm-up) while a probe asks ``/health`` every 10 ms. It reports requests per second, request
-latency p50 / p99 and ``/health`` p99, prints a table and writes JSON to ``--out``.
+runs two phases of ``--seconds`` each (after a warm-up) while a probe asks ``/health`` every
+10 ms: capacity (``--concurrency`` clients posting ``/predict`` back to back) and a bounded load
+(``--rate`` requests per second, whatever the answers). It reports requests per second, request
+latency p50 / p99 and ``/health`` p99, prints a line per phase and writes JSON to ``--out``.
 
 Run:  python examples/serving/loadtest.py [--server fastapi|aiohttp] [--seconds 10] [--concurrency 64]
 """
@@ -57,7 +58,10 @@ async def wait_until_healthy(session: aiohttp.ClientSession, url: str, server: s
     raise RuntimeError("the server did not become healthy within 180 s")
 
 
-async def load(url: str, seconds: float, concurrency: int, warmup: float) -> dict[str, float]:
+async def load(url: str, seconds: float, concurrency: int, warmup: float, rate: float | None = None) -> dict[str, float]:
+    """Closed loop (``rate=None``: ``concurrency`` clients back to back, the server's capacity)
+    or open loop (``rate`` requests per second whatever the answers, at most ``concurrency``
+    pending: a bounded load that every mode can sustain); ``/health`` is probed throughout."""
     latencies: list[float] = []
     health: list[float] = []
     errors = 0
@@ -91,7 +95,37 @@ async def load(url: str, seconds: float, concurrency: int, warmup: float) -> dic
                     health.append(time.monotonic() - now)
                 await asyncio.sleep(0.01)
 
-        await asyncio.gather(probe(), *(client() for _ in range(concurrency)))
+        async def one(scheduled: float, slots: asyncio.Semaphore) -> None:
+            nonlocal errors
+            async with slots:
+                body = {"tokens": [random.randrange(32_000) for _ in range(random.randint(16, 128))]}
+                try:
+                    async with session.post(url + "/predict", json=body) as response:
+                        await response.read()
+                        ok = response.status == 200
+                except aiohttp.ClientError:
+                    ok = False
+            if scheduled >= measure_from:
+                if ok:
+                    latencies.append(time.monotonic() - scheduled)  # from when it was due
+                else:
+                    errors += 1
+
+        async def open_loop() -> None:
+            slots, pending, sent = asyncio.Semaphore(concurrency), set(), 0
+            assert rate is not None
+            while (due := started + sent / rate) < stop_at:
+                await asyncio.sleep(max(0.0, due - time.monotonic()))
+                task = asyncio.create_task(one(due, slots))
+                pending.add(task)
+                task.add_done_callback(pending.discard)
+                sent += 1
+            await asyncio.gather(*pending)
+
+        if rate is None:
+            await asyncio.gather(probe(), *(client() for _ in range(concurrency)))
+        else:
+            await asyncio.gather(probe(), open_loop())
     return {
         "requests_per_second": len(latencies) / seconds,
         "p50_ms": statistics.median(latencies) * 1e3 if latencies else float("nan"),
@@ -120,23 +154,31 @@ async def run_mode(server_kind: str, mode: str, arguments: argparse.Namespace) -
     try:
         async with aiohttp.ClientSession() as session:
             await wait_until_healthy(session, url, server)
-        result = await load(url, arguments.seconds, arguments.concurrency, arguments.warmup)
+        capacity = await load(url, arguments.seconds, arguments.concurrency, arguments.warmup)
+        report(mode, "capacity", capacity)
+        bounded = await load(url, arguments.seconds, arguments.concurrency, arguments.warmup, arguments.rate)
+        report(mode, f"{arguments.rate:g}/s", bounded)
     finally:
         output = stop_server(server)
     where = next((line for line in output.splitlines() if line.startswith("serving on")), "?")
+    return {"mode": mode, "server": where, "capacity": capacity, "bounded": bounded}
+
+
+def report(mode: str, phase: str, result: dict[str, float]) -> None:
     print(
-        f"{mode:10} {result['requests_per_second']:9.0f} req/s  p50 {result['p50_ms']:7.1f} ms  p99 {result['p99_ms']:7.1f} ms"
-        f"  /health p99 {result['health_p99_ms']:7.1f} ms (max {result['health_max_ms']:6.1f})  errors {result['errors']}",
+        f"{mode:10} {phase:9} {result['requests_per_second']:7.0f} req/s  p50 {result['p50_ms']:7.1f} ms"
+        f"  p99 {result['p99_ms']:7.1f} ms  /health p99 {result['health_p99_ms']:7.1f} ms"
+        f" (max {result['health_max_ms']:6.1f})  errors {result['errors']:.0f}",
         flush=True,
     )
-    return {"mode": mode, "server": where, **result}
 
 
 async def main(arguments: argparse.Namespace) -> None:
     print(f"{arguments.server} server, {arguments.concurrency} clients, {arguments.seconds:g} s per mode", flush=True)
     rows = [await run_mode(arguments.server, mode, arguments) for mode in MODES]
     by_mode = {row["mode"]: row for row in rows}
-    ratio = by_mode["aiogpu"]["requests_per_second"] / max(by_mode["blocking"]["requests_per_second"], 1e-9)  # type: ignore[operator]
+    capacity = {mode: row["capacity"]["requests_per_second"] for mode, row in by_mode.items()}  # type: ignore[index]
+    ratio = capacity["aiogpu"] / max(capacity["blocking"], 1e-9)
     print(f"aiogpu / blocking throughput: {ratio:.2f}x; served by {rows[0]['server'].removeprefix('serving on ')}")
     if arguments.out:
         arguments.out.write_text(
@@ -150,5 +192,6 @@ if __name__ == "__main__":
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--rate", type=float, default=500.0, help="requests per second of the bounded phase")
     parser.add_argument("--out", type=Path)
     asyncio.run(main(parser.parse_args()))

@@ -146,7 +146,9 @@ def _torch_network(device: aiogpu.Device):  # type: ignore[no-untyped-def]
         def __init__(self) -> None:
             super().__init__()
             self.embed = nn.Embedding(VOCABULARY, 2048)
-            self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(2048, 8192), nn.GELU(), nn.Linear(8192, 2048)) for _ in range(BLOCKS))
+            self.blocks = nn.ModuleList(
+                nn.Sequential(nn.Linear(2048, 8192), nn.GELU(), nn.Linear(8192, 2048)) for _ in range(BLOCKS)
+            )
             self.head = nn.Linear(2048, OUTPUTS)
 
         def forward(self, ids: torch.Tensor) -> torch.Tensor:
