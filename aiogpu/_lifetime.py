@@ -62,6 +62,14 @@ class HandleLifetime:
             self.check_open()
             self._users += 1
 
+    def retain(self) -> None:
+        """One more user for a handle already in use (closed or not): a pending wait's waiter
+        thread keeps the handle alive through a ``close()`` that came after the wait started."""
+        with self._lock:
+            if self._users <= 0:
+                raise RuntimeError(f"retain() of a {self._kind} handle that no wait holds")
+            self._users += 1
+
     def release(self) -> None:
         with self._lock:
             self._users -= 1

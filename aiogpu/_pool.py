@@ -163,7 +163,7 @@ class StreamPool:
         except BaseException:
             if waiter.stream is not None:
                 self.release(waiter.stream)  # handed over just as we were cancelled: pass it on
-            else:
+            elif waiter in self._waiters:  # (close() may have dropped it already)
                 self._waiters.remove(waiter)
             raise
         if waiter.stream is None:

@@ -16,6 +16,7 @@ loop in ``synchronize()``. Rules this file keeps:
 from __future__ import annotations
 
 import ctypes
+import threading
 from typing import TYPE_CHECKING, final
 
 from . import _foreign
@@ -112,7 +113,7 @@ class PinnedPool:
         self._device = device
         self._idle: dict[int, list[int]] = {}  # size class -> pointers
         self._idle_bytes = 0
-        self._in_flight: list[tuple[Event, int, int]] = []  # (copy's event, pointer, capacity)
+        self._in_flight: dict[int, tuple[Event, int]] = {}  # pointer -> (last copy's event, capacity)
         self._side_stream: Stream | None = None
         self._closed = False
 
@@ -160,21 +161,28 @@ class PinnedPool:
         """A copy's await was cancelled: keep its memory out of use until the GPU is done."""
         pointer, capacity = buffer._pointer, buffer._capacity
         buffer._pool = None  # the caller's buffer is gone; the pool takes it back when safe
-        self._in_flight.append((event, pointer, capacity))
+        if self._closed:  # nobody will reap it, and the loop must not block: a thread frees it
+            threading.Thread(target=self._free_when_done, args=(event, pointer), name="aiogpu-pinned-free", daemon=True).start()
+            return
+        held = self._in_flight.get(pointer)
+        if held is not None:  # another copy of the same memory: wait for the later one (same stream)
+            held[0].close()
+        self._in_flight[pointer] = (event, capacity)
 
     def _reap(self) -> None:
-        still = []
-        for event, pointer, capacity in self._in_flight:
+        for pointer, (event, capacity) in list(self._in_flight.items()):
             try:
                 done = event.is_done
             except Exception:  # the context failed: the copy will never run
                 done = True
             if done:
+                del self._in_flight[pointer]
                 event.close()
                 self._give_back(pointer, capacity)
-            else:
-                still.append((event, pointer, capacity))
-        self._in_flight = still
+
+    def _free_when_done(self, event: Event, pointer: int) -> None:
+        _finish_quietly(event)
+        self._free(pointer)
 
     def _free(self, pointer: int) -> None:
         with self._device._activated():
@@ -189,12 +197,8 @@ class PinnedPool:
         if self._closed:
             return
         self._closed = True
-        for event, pointer, _ in self._in_flight:
-            try:
-                event.synchronize()
-            except Exception:  # the context failed: the copy will never run
-                pass
-            event.close()
+        for pointer, (event, _) in self._in_flight.items():
+            _finish_quietly(event)
             self._free(pointer)
         self._in_flight.clear()
         for pointers in self._idle.values():
@@ -214,6 +218,15 @@ class PinnedPool:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.close()
+
+
+def _finish_quietly(event: Event) -> None:
+    """Block until a copy is over (or can never run: the context failed); close its event."""
+    try:
+        event.synchronize()
+    except Exception:
+        pass
+    event.close()
 
 
 async def copy_to_host(source: object, *, after: Stream, pool: PinnedPool, strategy: WaitStrategy | None = None) -> PinnedBuffer:
@@ -244,7 +257,7 @@ async def copy_to_host(source: object, *, after: Stream, pool: PinnedPool, strat
     array = _foreign.describe_array(source)
     _check_transfer(after, pool, array)
     buffer = pool.take(array.nbytes)
-    await _copy(pool, after, buffer.pointer, array.pointer, array.nbytes, buffer, strategy)
+    await _copy(pool, after, buffer.pointer, array.pointer, array.nbytes, buffer, strategy, owned=True)
     return buffer
 
 
@@ -279,9 +292,11 @@ async def copy_to_device(
         raise ValueError("the destination CUDA array is read-only")
     _check_transfer(after, pool, array)
     if isinstance(source, PinnedBuffer):
+        if source._pool is None:
+            raise ClosedResourceError("the source PinnedBuffer was given back to its pool")
         if source.nbytes != array.nbytes:
             raise ValueError(f"the source has {source.nbytes} bytes, the destination {array.nbytes}")
-        await _copy(pool, after, array.pointer, source.pointer, array.nbytes, source, strategy)
+        await _copy(pool, after, array.pointer, source.pointer, array.nbytes, source, strategy, owned=False)
         return
     try:
         data = memoryview(source).cast("B")  # type: ignore[arg-type]
@@ -291,7 +306,7 @@ async def copy_to_device(
         raise ValueError(f"the source has {data.nbytes} bytes, the destination {array.nbytes}")
     staging = pool.take(array.nbytes)
     staging.view()[:] = data
-    await _copy(pool, after, array.pointer, staging.pointer, array.nbytes, staging, strategy)
+    await _copy(pool, after, array.pointer, staging.pointer, array.nbytes, staging, strategy, owned=True)
     staging.release()
 
 
@@ -314,13 +329,23 @@ async def _copy(
     nbytes: int,
     buffer: PinnedBuffer,
     strategy: WaitStrategy | None,
+    *,
+    owned: bool,
 ) -> None:
-    """Enqueue the copy on the pool's side stream after ``after``'s work so far, and await it."""
-    side = pool.side_stream()
-    side.wait_for(after)
-    with after.device._activated():
-        after.device._driver.memcpy_async(destination, source, nbytes, side.handle)
-    done = side.record()
+    """Enqueue the copy on the pool's side stream after ``after``'s work so far, and await it.
+
+    ``owned``: ``buffer`` was taken for this copy (given back if the copy cannot be enqueued).
+    """
+    try:
+        side = pool.side_stream()
+        side.wait_for(after)
+        with after.device._activated():
+            after.device._driver.memcpy_async(destination, source, nbytes, side.handle)
+        done = side.record()
+    except BaseException:  # not enqueued, or the context failed: no copy will touch the memory
+        if owned:
+            buffer.release()
+        raise
     try:
         await done.wait(strategy=strategy)
     except BaseException:

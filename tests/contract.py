@@ -12,6 +12,7 @@ import time
 from functools import partial
 
 import anyio
+import anyio.abc
 import anyio.lowlevel
 import pytest
 
@@ -287,6 +288,28 @@ class Contract:
                     await anyio.wait_all_tasks_blocked()
                     event.close()  # the pending wait keeps the handle alive until it ends
                     assert event.is_closed
+                    latch.release()
+
+    async def test_close_right_after_waits_start_fails_no_wait(
+        self, device: aiogpu.Device, strategy: aiogpu.WaitStrategy
+    ) -> None:
+        # Closed while its waits still watch closely, before any waiter thread or host function
+        # took the handle: those must still take it (the waits hold it), and nobody may fail.
+        with aiogpu.Stream(device) as first, aiogpu.Stream(device) as second, Latch(device) as latch:
+            latch.block(first)
+            latch.block(second)
+            closed, other = first.record(), second.record()
+
+            async def wait_on(event: aiogpu.Event, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+                task_status.started()
+                await event.wait(strategy=strategy)  # entered before the parent goes on
+
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as tg:
+                    for event in (closed, closed, other):
+                        await tg.start(wait_on, event)
+                    closed.close()
+                    await anyio.wait_all_tasks_blocked()  # parked: waiter threads, host functions
                     latch.release()
 
     async def test_rerecorded_event_waits_for_the_new_work(self, device: aiogpu.Device, strategy: aiogpu.WaitStrategy) -> None:

@@ -6,6 +6,7 @@ CuPy arrays).
 from __future__ import annotations
 
 import ctypes
+import threading
 
 import anyio
 import pytest
@@ -138,3 +139,42 @@ async def test_bad_input_is_refused_clearly(sim: SimulatedDriver) -> None:
         pool.take(8)
     with pytest.raises(ValueError, match="max_idle_bytes must be non-negative"):
         aiogpu.PinnedPool(device, max_idle_bytes=-1)
+
+
+async def test_failed_or_abandoned_copies_leak_no_memory(sim: SimulatedDriver) -> None:
+    device = sim.device(0)
+    source = SimulatedArray(bytes(16))
+    with aiogpu.PinnedPool(device) as pool:
+        closed_stream = aiogpu.Stream(device)
+        closed_stream.close()
+        for _ in range(3):  # fails before anything is enqueued: the buffer goes back
+            with pytest.raises(aiogpu.ClosedResourceError):
+                await aiogpu.copy_to_host(source, after=closed_stream, pool=pool)
+        assert pool.idle_bytes == 4096
+        released = pool.take(16)
+        released.release()
+        with pytest.raises(aiogpu.ClosedResourceError, match="given back"):
+            await aiogpu.copy_to_device(SimulatedArray(bytes(16)), released, after=device.default_stream, pool=pool)
+    assert sim.statistics().live_host_buffers == 0
+    # Closed while a copy is awaited, then the copy is cancelled: freed once the GPU is done.
+    pool = aiogpu.PinnedPool(device)
+    with aiogpu.Stream(device) as producer, Latch(device) as latch:
+        latch.block(producer)
+        async with anyio.create_task_group() as tg:
+            scope = anyio.CancelScope()
+
+            async def copy() -> None:
+                with scope:
+                    await aiogpu.copy_to_host(source, after=producer, pool=pool)
+
+            tg.start_soon(copy)
+            await anyio.wait_all_tasks_blocked()
+            pool.close()
+            scope.cancel()
+        assert sim.statistics().live_host_buffers == 1  # the GPU may still write it
+        freeing = [thread for thread in threading.enumerate() if thread.name == "aiogpu-pinned-free"]
+        assert freeing
+        latch.release()
+        for thread in freeing:  # frees it once the copy is over
+            await anyio.to_thread.run_sync(thread.join, 10)
+        assert sim.statistics().live_host_buffers == 0

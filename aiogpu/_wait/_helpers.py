@@ -32,7 +32,7 @@ _helpers: dict[tuple[int, int], list[int]] = {}  # only touched on the armer thr
 
 def arm(target: WaitTarget, doorbell: Doorbell, poke: Callable[[], None]) -> None:
     """Ring ``doorbell`` once ``target``'s recorded work is done; ``poke`` if arming fails."""
-    target._lifetime.acquire()  # the handle must outlive the cuStreamWaitEvent below
+    target._lifetime.retain()  # the pending wait holds it; it must outlive the cuStreamWaitEvent below
     _armer().call_at(0.0, lambda: _arm(target, doorbell, poke))
 
 

@@ -156,7 +156,7 @@ class _Pool:
         with self._lock:
             job = self._jobs.get(key)
             if job is None:
-                target._lifetime.acquire()  # released when the job has finished
+                target._lifetime.retain()  # the subscribing wait holds it; released when the job ends
                 job = self._jobs[key] = _Job(key, target, spin_from)
                 self._queue.append(job)
                 self._dispatch()

@@ -58,6 +58,8 @@ LEAD = {"auto": 250e-6, "poll": 1.5e-3, "thread": 150e-6, "callback": 0.0}
 #: watching that much earlier: the largest of the last ``LATENESS_WINDOW`` wake-ups, but never
 #: more than ``LATENESS_SHARE`` of the predicted duration (the CPU that costs).
 LATENESS_WINDOW = 32
+#: Later than this is the loop being busy (a long callback), not the wake-up being slow: ignored.
+LATENESS_MAX = 2e-3
 LATENESS_SHARE = 0.15
 #: Parked queues are queried at least this often (first, then doubling to the cap). For
 #: ``callback`` this is the watchdog: host functions never run after a sticky context error.
@@ -288,7 +290,7 @@ class Watcher:
                 handle = _timer.timer().call_at(wake_at, self._poke_threadsafe)
                 await signal.wait()
                 late = time.perf_counter() - wake_at
-                if late >= 0:  # woken by the timer, not by a completion or a new wait
+                if 0 <= late <= LATENESS_MAX:  # woken by the timer, not by a completion or a new wait
                     self._lateness.append(late)
             else:
                 await self._backend.wait_signal(signal, wake_at - now)
