@@ -63,11 +63,12 @@ class HandleLifetime:
             self._users += 1
 
     def retain(self) -> None:
-        """One more user for a handle already in use (closed or not): a pending wait's waiter
-        thread keeps the handle alive through a ``close()`` that came after the wait started."""
+        """One more user, allowed after ``close()`` while someone still uses the handle: a
+        pending wait's waiter thread keeps it alive through a ``close()`` that came after the
+        wait started. ``ClosedResourceError`` only once it is closed and unused (destroyed)."""
         with self._lock:
-            if self._users <= 0:
-                raise RuntimeError(f"retain() of a {self._kind} handle that no wait holds")
+            if self._closed and self._users <= 0:
+                self.check_open()
             self._users += 1
 
     def release(self) -> None:

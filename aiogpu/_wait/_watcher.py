@@ -127,12 +127,14 @@ class Watcher:
     # -- the waiting task's side --------------------------------------------------------------
     async def wait(self, target: WaitTarget, mode: Mode) -> None:
         key = (id(target), target._generation)
+        signal = self._backend.new_signal()
         entry = self._entries.get(key)
         if entry is None:
             entry = self._entries[key] = _Entry(target, mode)
+            entry.signals[signal] = None  # before it is planned: a head without waiters is skipped
             self._enqueue(entry, time.perf_counter())
-        signal = self._backend.new_signal()
-        entry.signals[signal] = None
+        else:
+            entry.signals[signal] = None
         try:
             if self._running:
                 self._poke()
@@ -359,12 +361,16 @@ class Watcher:
                     self._drop_backstop(queue)
 
     def _start_backstop(self, queue: _Queue, spin_from: float | None) -> None:
+        if not queue.entries[0].signals:
+            return  # every waiter left: the next sweep drops it (its handle may be gone)
         queue.backstop = _thread.pool().subscribe(queue.entries[0].target, self._poke_threadsafe, spin_from)
         if queue.entries[0].mode == "auto":
             self._backstops_auto += 1
 
     def _ring_when_done(self, queue: _Queue) -> None:
         """Make the GPU ring the doorbell once the head's work is done (a host function)."""
+        if not queue.entries[0].signals:
+            return  # every waiter left: the next sweep drops it (its handle may be gone)
         if not self._listening:
             self._listening = True
             _doorbell.doorbell().listen(self._poke_threadsafe)
