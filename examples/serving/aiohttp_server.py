@@ -11,10 +11,8 @@ Run:  python examples/serving/aiohttp_server.py [--mode aiogpu] [--port 8000]
 
 from __future__ import annotations
 
-import argparse
-
 from aiohttp import web
-from model import MODES, Model
+from model import Model, server_arguments
 
 MODEL = web.AppKey("model", Model)
 
@@ -54,8 +52,5 @@ def create_app(mode: str) -> web.Application:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--mode", choices=MODES, default="aiogpu")
-    parser.add_argument("--port", type=int, default=8000)
-    arguments = parser.parse_args()
+    arguments = server_arguments(__doc__.split("\n\n")[0])
     web.run_app(create_app(arguments.mode), host="127.0.0.1", port=arguments.port, print=None)

@@ -13,13 +13,12 @@ Run:  python examples/serving/fastapi_server.py [--mode aiogpu] [--port 8000]
 
 from __future__ import annotations
 
-import argparse
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 import uvicorn
 from fastapi import FastAPI, HTTPException
-from model import MODES, Model
+from model import Model, server_arguments
 from pydantic import BaseModel
 
 if TYPE_CHECKING:
@@ -56,8 +55,5 @@ def create_app(mode: str) -> FastAPI:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--mode", choices=MODES, default="aiogpu")
-    parser.add_argument("--port", type=int, default=8000)
-    arguments = parser.parse_args()
+    arguments = server_arguments(__doc__.split("\n\n")[0])
     uvicorn.run(create_app(arguments.mode), host="127.0.0.1", port=arguments.port, log_level="warning")

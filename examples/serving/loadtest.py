@@ -69,23 +69,28 @@ async def load(url: str, seconds: float, concurrency: int, warmup: float, rate: 
     async with aiohttp.ClientSession(connector=connector) as session:
         started = time.monotonic()
         measure_from, stop_at = started + warmup, started + warmup + seconds
+        shared_rng = random.Random()
+
+        async def predict(rng: random.Random, since: float) -> None:
+            """One /predict request; its latency counts from ``since`` if that is in the measured window."""
+            nonlocal errors
+            body = {"tokens": [rng.randrange(32_000) for _ in range(rng.randint(16, 128))]}
+            try:
+                async with session.post(url + "/predict", json=body) as response:
+                    await response.read()
+                    ok = response.status == 200
+            except aiohttp.ClientError:
+                ok = False
+            if since >= measure_from:
+                if ok:
+                    latencies.append(time.monotonic() - since)
+                else:
+                    errors += 1
 
         async def client() -> None:
-            nonlocal errors
             rng = random.Random()
             while (now := time.monotonic()) < stop_at:
-                body = {"tokens": [rng.randrange(32_000) for _ in range(rng.randint(16, 128))]}
-                try:
-                    async with session.post(url + "/predict", json=body) as response:
-                        await response.read()
-                        ok = response.status == 200
-                except aiohttp.ClientError:
-                    ok = False
-                if now >= measure_from:
-                    if ok:
-                        latencies.append(time.monotonic() - now)
-                    else:
-                        errors += 1
+                await predict(rng, now)
 
         async def probe() -> None:
             while (now := time.monotonic()) < stop_at:
@@ -96,20 +101,8 @@ async def load(url: str, seconds: float, concurrency: int, warmup: float, rate: 
                 await asyncio.sleep(0.01)
 
         async def one(scheduled: float, slots: asyncio.Semaphore) -> None:
-            nonlocal errors
             async with slots:
-                body = {"tokens": [random.randrange(32_000) for _ in range(random.randint(16, 128))]}
-                try:
-                    async with session.post(url + "/predict", json=body) as response:
-                        await response.read()
-                        ok = response.status == 200
-                except aiohttp.ClientError:
-                    ok = False
-            if scheduled >= measure_from:
-                if ok:
-                    latencies.append(time.monotonic() - scheduled)  # from when it was due
-                else:
-                    errors += 1
+                await predict(shared_rng, scheduled)  # latency from when it was due
 
         async def open_loop() -> None:
             slots, pending, sent = asyncio.Semaphore(concurrency), set(), 0

@@ -14,6 +14,7 @@ How a request waits for its batch (``mode``):
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import math
 from dataclasses import dataclass, field
@@ -25,6 +26,14 @@ TOKENS = 128
 OUTPUTS = 16
 VOCABULARY = 32_000
 BLOCKS = 32  # bf16 MLP blocks over every token: GPU-bound batches
+
+
+def server_arguments(description: str) -> argparse.Namespace:
+    """The example servers' command line: ``--mode`` and ``--port``."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--mode", choices=MODES, default="aiogpu")
+    parser.add_argument("--port", type=int, default=8000)
+    return parser.parse_args()
 
 
 @dataclass
