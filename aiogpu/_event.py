@@ -163,8 +163,9 @@ class Event:
     def adopt(cls, obj: object, *, device: Device | None = None) -> Event:
         """Wrap an event owned by another library, without copying it or taking ownership.
 
-        Accepts a ``torch.cuda.Event``, a ``cupy.cuda.Event``, a cuda.core ``Event``, a
-        ``cuda.bindings.driver.CUevent`` or a raw ``CUevent`` address. The result is awaitable
+        Accepts a ``torch.cuda.Event``, a ``cupy.cuda.Event``, a cuda.core ``Event``, a Numba
+        event (``numba.cuda.event()``), a ``cuda.bindings.driver.CUevent`` or a raw ``CUevent``
+        address. The result is awaitable
         and can be queried, synchronized, timed and recorded like any Event; aiogpu keeps
         ``obj`` alive while the wrapper is open and never destroys the event (``close()``
         only lets go of it). Records made through the owner are seen too: a wait is for

@@ -7,6 +7,8 @@ differently, and only some say which device the event belongs to or how it was c
   lazily), ``device`` once recorded.
 - ``cupy.cuda.Event``: ``ptr``; no device (CuPy creates it on the device current at the time).
 - ``cuda.core`` ``Event``: ``handle`` (a ``CUevent``), ``device.device_id``, and its flags.
+- Numba's ``cuda.event()``: ``handle`` (a ``CUevent``, or a ctypes ``c_void_p`` under Numba's own
+  ctypes binding) and ``context.device.id``.
 - ``cuda.bindings.driver.CUevent`` or a plain ``int``: the address only.
 
 The driver has no call that maps an event to its context, so where the object does not say,
@@ -15,6 +17,7 @@ the caller must.
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 
 from ._driver import EVENT_BLOCKING_SYNC, EVENT_DISABLE_TIMING, EVENT_INTERPROCESS
@@ -51,11 +54,16 @@ def describe_event(obj: object) -> ForeignEvent:
         )
         device = getattr(obj, "device", None)
         return ForeignEvent(_check_address(int(obj.handle)), getattr(device, "device_id", None), flags, recorded=True)
+    if module.startswith("numba") and hasattr(obj, "handle"):
+        raw = obj.handle
+        address = (raw.value or 0) if isinstance(raw, ctypes.c_void_p) else int(raw)
+        device = getattr(getattr(getattr(obj, "context", None), "device", None), "id", None)
+        return ForeignEvent(_check_address(address), device, 0, recorded=True)
     if module.startswith("cuda.bindings") and name == "CUevent":
         return ForeignEvent(_check_address(int(obj)), None, 0, recorded=True)  # type: ignore[call-overload]
     raise TypeError(
         f"cannot adopt {module}.{name} as an event: expected a torch.cuda.Event, a cupy.cuda.Event, "
-        "a cuda.core Event, a cuda.bindings.driver.CUevent or a raw CUevent address (int)"
+        "a cuda.core Event, a Numba event, a cuda.bindings.driver.CUevent or a raw CUevent address (int)"
     )
 
 

@@ -7,8 +7,9 @@ loop in ``synchronize()``. Rules this file keeps:
 - Copies go through page-locked (pinned) host memory, the only kind a copy can overlap with;
   a :class:`PinnedPool` lends it in power-of-two size classes so a server does not allocate per
   request, and keeps at most ``max_idle_bytes`` of it idle.
-- A copy runs on a side stream (one per pool) that first waits, on the device, for the work
-  enqueued so far on ``after``: the producer's stream is never blocked and goes on.
+- A copy runs on a side stream that first waits, on the device, for the work enqueued so far on
+  ``after``: the producer's stream is never blocked and goes on. Each producer stream gets its
+  own side stream, so a copy never queues behind another producer's unfinished work.
 - A buffer is never reused, nor freed, while a copy into or out of it may still run: a copy
   whose await was cancelled keeps its buffer out of the pool until the GPU is done with it.
 """
@@ -31,6 +32,9 @@ if TYPE_CHECKING:
     from ._wait import WaitStrategy
 
 _SMALLEST = 4096
+#: Side streams a pool keeps, one per recent producer stream; the least recently used beyond
+#: this is closed (its pending copies still run: destroying a stream does not cancel its work).
+SIDE_STREAMS = 16
 
 
 def _size_class(nbytes: int) -> int:
@@ -114,7 +118,7 @@ class PinnedPool:
         self._idle: dict[int, list[int]] = {}  # size class -> pointers
         self._idle_bytes = 0
         self._in_flight: dict[int, tuple[Event, int]] = {}  # pointer -> (last copy's event, capacity)
-        self._side_stream: Stream | None = None
+        self._side_streams: dict[tuple[int, int], Stream] = {}  # producer's wait key -> side stream
         self._closed = False
 
     @property
@@ -143,12 +147,29 @@ class PinnedPool:
                 pointer = self._device._driver.host_alloc(capacity)
         return PinnedBuffer(self, pointer, capacity, nbytes)
 
-    def side_stream(self) -> Stream:
-        """The stream this pool's copies run on (created on first use)."""
+    def side_stream(self, after: Stream) -> Stream:
+        """The stream that copies ordered after ``after``'s work run on (created on first use).
+
+        Copies after the same producer run in order on one side stream; copies after different
+        producers run on different side streams and do not wait for each other.
+        """
         self._check_open()
-        if self._side_stream is None:
-            self._side_stream = Stream(self._device, nonblocking=True)
-        return self._side_stream
+        self._check_producer(after)
+        key = after._wait_key
+        side = self._side_streams.pop(key, None)
+        if side is None:
+            side = Stream(self._device, nonblocking=True)
+            if len(self._side_streams) >= SIDE_STREAMS:
+                oldest = next(iter(self._side_streams))
+                self._side_streams.pop(oldest).close()
+        self._side_streams[key] = side  # most recently used last
+        return side
+
+    def _check_producer(self, after: object) -> None:
+        if not isinstance(after, Stream):
+            raise TypeError(f"after must be an aiogpu.Stream (adopt foreign streams with Stream.adopt), got {after!r}")
+        if after.device is not self._device:
+            raise ValueError(f"the pool is for device {self._device.ordinal}, the stream for device {after.device.ordinal}")
 
     def _give_back(self, pointer: int, capacity: int) -> None:
         if not self._closed and self._idle_bytes + capacity <= self._max_idle:
@@ -206,8 +227,9 @@ class PinnedPool:
                 self._free(pointer)
         self._idle.clear()
         self._idle_bytes = 0
-        if self._side_stream is not None:
-            self._side_stream.close()
+        for side in self._side_streams.values():
+            side.close()
+        self._side_streams.clear()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -232,8 +254,9 @@ def _finish_quietly(event: Event) -> None:
 async def copy_to_host(source: object, *, after: Stream, pool: PinnedPool, strategy: WaitStrategy | None = None) -> PinnedBuffer:
     """Copy a device array into pinned host memory and await the copy.
 
-    The copy runs on the pool's side stream once the work enqueued on ``after`` so far (which
-    produced ``source``) is done; ``after`` itself is not blocked and can take more work.
+    The copy runs on a side stream of the pool (one per producer stream) once the work enqueued
+    on ``after`` so far (which produced ``source``) is done; ``after`` itself is not blocked and
+    can take more work.
 
     Args:
         source: A C-contiguous CUDA array (torch CUDA tensor, CuPy or Numba device array, any
@@ -267,8 +290,8 @@ async def copy_to_device(
     """Copy host bytes into a device array and await the copy.
 
     ``source`` is staged through the pool's pinned memory unless it is a :class:`PinnedBuffer`
-    already. The copy runs on the pool's side stream after the work enqueued on ``after`` so
-    far (which may still be using ``destination``).
+    already. The copy runs on a side stream of the pool (one per producer stream) after the work
+    enqueued on ``after`` so far (which may still be using ``destination``).
 
     Args:
         destination: A writable, C-contiguous CUDA array or ``(device_pointer, nbytes)``.
@@ -311,12 +334,9 @@ async def copy_to_device(
 
 
 def _check_transfer(after: Stream, pool: PinnedPool, array: _foreign.DeviceArray) -> None:
-    if not isinstance(after, Stream):
-        raise TypeError(f"after must be an aiogpu.Stream (adopt foreign streams with Stream.adopt), got {after!r}")
     if not isinstance(pool, PinnedPool):
         raise TypeError(f"pool must be an aiogpu.PinnedPool, got {pool!r}")
-    if pool.device is not after.device:
-        raise ValueError(f"the pool is for device {pool.device.ordinal}, the stream for device {after.device.ordinal}")
+    pool._check_producer(after)
     if array.nbytes == 0:
         raise ValueError("the CUDA array is empty: nothing to copy")
 
@@ -332,12 +352,12 @@ async def _copy(
     *,
     owned: bool,
 ) -> None:
-    """Enqueue the copy on the pool's side stream after ``after``'s work so far, and await it.
+    """Enqueue the copy on ``after``'s side stream after ``after``'s work so far, and await it.
 
     ``owned``: ``buffer`` was taken for this copy (given back if the copy cannot be enqueued).
     """
     try:
-        side = pool.side_stream()
+        side = pool.side_stream(after)
         side.wait_for(after)
         with after.device._activated():
             after.device._driver.memcpy_async(destination, source, nbytes, side.handle)

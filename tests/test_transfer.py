@@ -72,6 +72,50 @@ async def test_copy_to_device_from_bytes_and_from_a_pinned_buffer(sim: Simulated
         assert destination.contents() == b"\x09" * 32
 
 
+async def test_a_copy_does_not_queue_behind_another_producers_unfinished_work(sim: SimulatedDriver) -> None:
+    device = sim.device(0)
+    with (
+        aiogpu.PinnedPool(device) as pool,
+        aiogpu.Stream(device) as busy,
+        aiogpu.Stream(device) as ready,
+        Latch(device) as latch,
+    ):
+        latch.block(busy)
+        results: dict[str, bytes] = {}
+
+        async def copy(name: str, producer: aiogpu.Stream) -> None:
+            with await aiogpu.copy_to_host(SimulatedArray(name.encode() * 4), after=producer, pool=pool) as buffer:
+                results[name] = bytes(buffer.view())
+
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(copy, "busy", busy)  # enqueued first, held by the latch
+                await anyio.wait_all_tasks_blocked()
+                await copy("ready", ready)  # finishes while the busy producer's copy waits
+                assert results == {"ready": b"ready" * 4}
+                assert pool.side_stream(busy) is not pool.side_stream(ready)
+                latch.release()
+        assert results["busy"] == b"busy" * 4
+
+
+async def test_side_streams_are_kept_for_recent_producers_only(sim: SimulatedDriver) -> None:
+    from aiogpu._transfer import SIDE_STREAMS
+
+    device = sim.device(0)
+    producers = [aiogpu.Stream(device) for _ in range(SIDE_STREAMS + 1)]
+    with aiogpu.PinnedPool(device) as pool:
+        first = pool.side_stream(producers[0])
+        assert pool.side_stream(producers[0]) is first  # one per producer
+        for producer in producers[1:]:
+            pool.side_stream(producer)  # one more than kept: the least recently used goes
+        assert first.is_closed
+        assert not pool.side_stream(producers[-1]).is_closed
+        live = sim.statistics().live_streams
+    assert sim.statistics().live_streams == live - SIDE_STREAMS  # close() closes every side stream
+    for producer in producers:
+        producer.close()
+
+
 async def test_buffers_are_reused_and_the_idle_bound_is_kept(sim: SimulatedDriver) -> None:
     device = sim.device(0)
     with aiogpu.PinnedPool(device, max_idle_bytes=4096) as pool:
@@ -102,7 +146,7 @@ async def test_a_cancelled_copy_keeps_its_memory_until_the_gpu_is_done(sim: Simu
         in_flight = pool.take(16)  # the cancelled copy's memory is not lent again meanwhile
         assert pool.idle_bytes == 0
         latch.release()
-        await pool.side_stream().wait_idle()
+        await pool.side_stream(producer).wait_idle()
         in_flight.release()
         reused = pool.take(16)  # now both buffers are back
         assert pool.idle_bytes == 4096
@@ -125,6 +169,8 @@ async def test_bad_input_is_refused_clearly(sim: SimulatedDriver) -> None:
             await aiogpu.copy_to_host(SimulatedArray(bytes(8)), after=elsewhere, pool=pool)
         with pytest.raises(TypeError, match="after must be an aiogpu.Stream"):
             await aiogpu.copy_to_host(SimulatedArray(bytes(8)), after=None, pool=pool)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="the pool is for device 0, the stream for device 1"):
+            pool.side_stream(elsewhere)
         with pytest.raises(ValueError, match="the source has 4 bytes, the destination 8"):
             await aiogpu.copy_to_device(SimulatedArray(bytes(8)), b"1234", after=stream, pool=pool)
         with pytest.raises(ValueError, match="read-only"):

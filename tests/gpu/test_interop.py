@@ -2,9 +2,11 @@
 
 ``Stream.adopt`` borrows a stream of torch, CuPy, Numba, cuda.core, or a raw ``CUstream``
 (``int`` or ``cuda.bindings.driver.CUstream``): same handle, same device, awaitable, and still
-its owner's after aiogpu closes the wrapper. The other way round, cuda.core (through
-``__cuda_stream__``) and torch (``torch.cuda.ExternalStream``) enqueue work on an aiogpu
-stream that ``wait_idle`` then awaits. Each library is optional: its tests skip without it.
+its owner's after aiogpu closes the wrapper; ``Event.adopt`` likewise awaits their events. The
+other way round, cuda.core and CuPy (through ``__cuda_stream__``), torch
+(``torch.cuda.ExternalStream``) and Numba (``cuda.external_stream``) enqueue work on an aiogpu
+stream that ``wait_idle`` then awaits, and their streams wait for aiogpu events. Each library
+is optional: its tests skip without it.
 """
 
 from __future__ import annotations
@@ -216,6 +218,55 @@ async def test_torch_enqueues_on_an_aiogpu_stream(gpu: aiogpu.Device) -> None:
         assert result.tolist() == [0, 3, 6, 9]
 
 
+def cupy_records_on(stream: aiogpu.Stream) -> Callable[[], bool]:
+    cupy = import_library("cupy")
+    with cupy.cuda.Device(stream.device.ordinal):
+        event = cupy.cuda.Event()
+        event.record(cupy.cuda.Stream.from_external(stream))  # through __cuda_stream__
+    return lambda: bool(event.done)
+
+
+def numba_records_on(stream: aiogpu.Stream) -> Callable[[], bool]:
+    numba_cuda = import_library("numba.cuda")
+    with numba_cuda.gpus[stream.device.ordinal]:
+        event = numba_cuda.event()
+        event.record(numba_cuda.external_stream(stream.handle))
+    return lambda: bool(event.query())
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("library", ["cupy", "numba"])
+async def test_library_records_on_an_aiogpu_stream(gpu: aiogpu.Device, library: str) -> None:
+    records_on = {"cupy": cupy_records_on, "numba": numba_records_on}[library]
+    with aiogpu.Stream(gpu) as stream, Latch(gpu) as latch:
+        latch.block(stream)
+        is_done = records_on(stream)
+        assert not is_done()
+        latch.release()
+        with anyio.fail_after(TIMEOUT):
+            await stream.wait_idle()
+        assert is_done()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("owner", FOREIGN_STREAMS)
+async def test_a_foreign_stream_waits_for_an_aiogpu_event(gpu: aiogpu.Device, owner: str) -> None:
+    """Events go to other libraries as dependencies of their streams (torch and CuPy cannot wrap
+    a foreign event): ``Stream.adopt(their_stream).wait_for(event)``."""
+    with FOREIGN_STREAMS[owner](gpu) as foreign, aiogpu.Stream(gpu) as producer, Latch(gpu) as latch:
+        latch.block(producer)
+        ready = producer.record()
+        consumer = aiogpu.Stream.adopt(foreign.stream)
+        consumer.wait_for(ready)
+        assert not consumer.is_idle  # their stream now waits for our event
+        latch.release()
+        with anyio.fail_after(TIMEOUT):
+            await consumer.wait_idle()
+        consumer.close()
+        ready.close()
+        foreign.use()
+
+
 # -- events other libraries own -------------------------------------------------------------------
 @dataclass(frozen=True)
 class ForeignEvent:
@@ -256,10 +307,20 @@ def cuda_core_event(device: aiogpu.Device, stream: aiogpu.Stream) -> Iterator[Fo
         event.close()
 
 
+@contextmanager
+def numba_event(device: aiogpu.Device, stream: aiogpu.Stream) -> Iterator[ForeignEvent]:
+    numba_cuda = import_library("numba.cuda")
+    with numba_cuda.gpus[device.ordinal]:
+        event = numba_cuda.event()
+        event.record(numba_cuda.external_stream(stream.handle))
+    yield ForeignEvent(event, int(event.handle), True, lambda: bool(event.query()))
+
+
 FOREIGN_EVENTS: dict[str, Callable[[aiogpu.Device, aiogpu.Stream], AbstractContextManager[ForeignEvent]]] = {
     "torch": torch_event,
     "cupy": cupy_event,
     "cuda.core": cuda_core_event,
+    "numba": numba_event,
 }
 
 
