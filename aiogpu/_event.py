@@ -178,7 +178,7 @@ class Event:
         Args:
             obj: The event to adopt. An aiogpu Event is returned as is.
             device: The device the event belongs to. Required where ``obj`` does not say
-                (CuPy events, ``CUevent`` and raw addresses); must match where it does.
+                (CuPy and Numba events, ``CUevent`` and raw addresses); must match where it does.
 
         Raises:
             TypeError: ``obj`` is not an event, or ``device`` is not a Device.

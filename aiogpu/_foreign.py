@@ -8,7 +8,7 @@ differently, and only some say which device the event belongs to or how it was c
 - ``cupy.cuda.Event``: ``ptr``; no device (CuPy creates it on the device current at the time).
 - ``cuda.core`` ``Event``: ``handle`` (a ``CUevent``), ``device.device_id``, and its flags.
 - Numba's ``cuda.event()``: ``handle`` (a ``CUevent``, or a ctypes ``c_void_p`` under Numba's own
-  ctypes binding) and ``context.device.id``.
+  ctypes binding); no device.
 - ``cuda.bindings.driver.CUevent`` or a plain ``int``: the address only.
 
 The driver has no call that maps an event to its context, so where the object does not say,
@@ -57,8 +57,7 @@ def describe_event(obj: object) -> ForeignEvent:
     if module.startswith("numba") and hasattr(obj, "handle"):
         raw = obj.handle
         address = (raw.value or 0) if isinstance(raw, ctypes.c_void_p) else int(raw)
-        device = getattr(getattr(getattr(obj, "context", None), "device", None), "id", None)
-        return ForeignEvent(_check_address(address), device, 0, recorded=True)
+        return ForeignEvent(_check_address(address), None, 0, recorded=True)
     if module.startswith("cuda.bindings") and name == "CUevent":
         return ForeignEvent(_check_address(int(obj)), None, 0, recorded=True)  # type: ignore[call-overload]
     raise TypeError(

@@ -12,7 +12,7 @@ Run:  python examples/serving/aiohttp_server.py [--mode aiogpu] [--port 8000]
 from __future__ import annotations
 
 from aiohttp import web
-from model import Model, server_arguments
+from model import Model, freeze_startup_objects, server_arguments
 
 MODEL = web.AppKey("model", Model)
 
@@ -41,6 +41,7 @@ def create_app(mode: str) -> web.Application:
     app.router.add_get("/health", health)
 
     async def announce(app: web.Application) -> None:
+        freeze_startup_objects()
         print(f"serving on {model.where}, waiting with {mode}", flush=True)
 
     async def close(app: web.Application) -> None:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import uvicorn
 from fastapi import FastAPI, HTTPException
-from model import Model, server_arguments
+from model import Model, freeze_startup_objects, server_arguments
 from pydantic import BaseModel
 
 if TYPE_CHECKING:
@@ -34,6 +34,7 @@ def create_app(mode: str) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        freeze_startup_objects()
         print(f"serving on {model.where}, waiting with {mode}", flush=True)
         yield
         model.streams.close()

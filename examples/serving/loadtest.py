@@ -1,12 +1,14 @@
 """A bounded HTTP load test of the example servers: aiogpu against blocking and to_thread waits.
 
 For each mode it starts the server in its own process on loopback, waits for ``/health``, then
-runs two phases of ``--seconds`` each (after a warm-up) while a probe asks ``/health`` every
-10 ms: capacity (``--concurrency`` clients posting ``/predict`` back to back) and a bounded load
-(``--rate`` requests per second, whatever the answers). It reports requests per second, request
-latency p50 / p99 and ``/health`` p99, prints a line per phase and writes JSON to ``--out``.
+runs two phases of ``--seconds`` each (after a warm-up): capacity (``--concurrency`` clients
+posting ``/predict`` back to back) and a bounded load (``--rate`` requests per second, whatever
+the answers). The load comes from ``--clients`` processes of aiohttp clients, and a separate
+process asks ``/health`` every 10 ms, so neither the clients' work nor their event loop's delays
+count in the server's figures. It reports requests per second, request latency p50 / p99 and
+``/health`` p99, prints a line per phase and writes JSON to ``--out``.
 
-Run:  python examples/serving/loadtest.py [--server fastapi|aiohttp] [--seconds 10] [--concurrency 64]
+Run:  python examples/serving/loadtest.py [--server fastapi|aiohttp] [--seconds 10] [--rate 1000]
 """
 
 # /// script
@@ -17,19 +19,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import http.client
 import json
+import math
+import multiprocessing
 import random
 import socket
 import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import aiohttp
 
 HERE = Path(__file__).parent
 MODES = ("aiogpu", "blocking", "to_thread")
+START_MARGIN = 1.0  # seconds for the worker processes to be ready before a phase starts
 
 
 def free_port() -> int:
@@ -43,32 +50,55 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else float("nan")
 
 
-async def wait_until_healthy(session: aiohttp.ClientSession, url: str, server: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 180  # a GPU server loads torch and builds its model first
+def wait_until_healthy(port: int, server: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 180  # a GPU server loads torch and captures its graphs first
     while time.monotonic() < deadline:
         if server.poll() is not None:
             raise RuntimeError(f"the server exited with {server.returncode}")
         try:
-            async with session.get(url + "/health") as response:
-                if response.status == 200:
-                    return
-        except aiohttp.ClientError:
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            connection.request("GET", "/health")
+            if connection.getresponse().status == 200:
+                return
+        except OSError:
             pass
-        await asyncio.sleep(0.2)
+        time.sleep(0.2)
     raise RuntimeError("the server did not become healthy within 180 s")
 
 
-async def load(url: str, seconds: float, concurrency: int, warmup: float, rate: float | None = None) -> dict[str, float]:
+def probe_health(port: int, measure_from: float, stop_at: float) -> list[float]:
+    """In its own process: ``/health`` every 10 ms over one kept-alive connection; the latencies
+    of those sent in [measure_from, stop_at)."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    latencies = []
+    while (now := time.monotonic()) < stop_at:
+        connection.request("GET", "/health")
+        connection.getresponse().read()
+        if now >= measure_from:
+            latencies.append(time.monotonic() - now)
+        time.sleep(max(0.0, now + 0.01 - time.monotonic()))
+    return latencies
+
+
+def load_worker(
+    url: str, started: float, warmup: float, seconds: float, concurrency: int, rate: float | None, offset: float
+) -> dict[str, object]:
+    """In its own process: one client's share of a phase (see :func:`load`)."""
+    return asyncio.run(load(url, started, warmup, seconds, concurrency, rate, offset))
+
+
+async def load(
+    url: str, started: float, warmup: float, seconds: float, concurrency: int, rate: float | None, offset: float
+) -> dict[str, object]:
     """Closed loop (``rate=None``: ``concurrency`` clients back to back, the server's capacity)
-    or open loop (``rate`` requests per second whatever the answers, at most ``concurrency``
-    pending: a bounded load that every mode can sustain); ``/health`` is probed throughout."""
+    or open loop (``rate`` requests per second from ``started + offset``, whatever the answers,
+    at most ``concurrency`` pending); the latencies of requests due in the measured window."""
+    await asyncio.sleep(max(0.0, started - time.monotonic()))
     latencies: list[float] = []
-    health: list[float] = []
     errors = 0
-    connector = aiohttp.TCPConnector(limit=concurrency + 4)
+    measure_from, stop_at = started + warmup, started + warmup + seconds
+    connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector) as session:
-        started = time.monotonic()
-        measure_from, stop_at = started + warmup, started + warmup + seconds
         shared_rng = random.Random()
 
         async def predict(rng: random.Random, since: float) -> None:
@@ -92,14 +122,6 @@ async def load(url: str, seconds: float, concurrency: int, warmup: float, rate: 
             while (now := time.monotonic()) < stop_at:
                 await predict(rng, now)
 
-        async def probe() -> None:
-            while (now := time.monotonic()) < stop_at:
-                async with session.get(url + "/health") as response:
-                    await response.read()
-                if now >= measure_from:
-                    health.append(time.monotonic() - now)
-                await asyncio.sleep(0.01)
-
         async def one(scheduled: float, slots: asyncio.Semaphore) -> None:
             async with slots:
                 await predict(shared_rng, scheduled)  # latency from when it was due
@@ -107,7 +129,7 @@ async def load(url: str, seconds: float, concurrency: int, warmup: float, rate: 
         async def open_loop() -> None:
             slots, pending, sent = asyncio.Semaphore(concurrency), set(), 0
             assert rate is not None
-            while (due := started + sent / rate) < stop_at:
+            while (due := started + offset + sent / rate) < stop_at:
                 await asyncio.sleep(max(0.0, due - time.monotonic()))
                 task = asyncio.create_task(one(due, slots))
                 pending.add(task)
@@ -116,16 +138,46 @@ async def load(url: str, seconds: float, concurrency: int, warmup: float, rate: 
             await asyncio.gather(*pending)
 
         if rate is None:
-            await asyncio.gather(probe(), *(client() for _ in range(concurrency)))
+            await asyncio.gather(*(client() for _ in range(concurrency)))
         else:
-            await asyncio.gather(probe(), open_loop())
+            await open_loop()
+    return {"latencies": latencies, "errors": errors}
+
+
+async def run_phase(
+    workers: ProcessPoolExecutor, port: int, arguments: argparse.Namespace, rate: float | None
+) -> dict[str, float]:
+    """One phase: ``--clients`` load processes and the ``/health`` probe, over the same window."""
+    loop = asyncio.get_running_loop()
+    url = f"http://127.0.0.1:{port}"
+    clients = arguments.clients
+    started = time.monotonic() + START_MARGIN
+    measure_from, stop_at = started + arguments.warmup, started + arguments.warmup + arguments.seconds
+    shares = [
+        loop.run_in_executor(
+            workers,
+            load_worker,
+            url,
+            started,
+            arguments.warmup,
+            arguments.seconds,
+            math.ceil(arguments.concurrency / clients),
+            None if rate is None else rate / clients,
+            0.0 if rate is None else index / rate,  # the clients' sends interleave
+        )
+        for index in range(clients)
+    ]
+    health = loop.run_in_executor(workers, probe_health, port, measure_from, stop_at)
+    results = await asyncio.gather(*shares)
+    health_latencies = await health
+    latencies = [latency for result in results for latency in result["latencies"]]  # type: ignore[attr-defined]
     return {
-        "requests_per_second": len(latencies) / seconds,
+        "requests_per_second": len(latencies) / arguments.seconds,
         "p50_ms": statistics.median(latencies) * 1e3 if latencies else float("nan"),
         "p99_ms": percentile(latencies, 0.99) * 1e3,
-        "health_p99_ms": percentile(health, 0.99) * 1e3,
-        "health_max_ms": max(health) * 1e3 if health else float("nan"),
-        "errors": errors,
+        "health_p99_ms": percentile(health_latencies, 0.99) * 1e3,
+        "health_max_ms": max(health_latencies) * 1e3 if health_latencies else float("nan"),
+        "errors": sum(result["errors"] for result in results),  # type: ignore[misc]
     }
 
 
@@ -140,16 +192,14 @@ def stop_server(server: subprocess.Popen[bytes]) -> str:
     return server.communicate(timeout=30)[0].decode(errors="replace")
 
 
-async def run_mode(server_kind: str, mode: str, arguments: argparse.Namespace) -> dict[str, object]:
+async def run_mode(workers: ProcessPoolExecutor, server_kind: str, mode: str, arguments: argparse.Namespace) -> dict[str, object]:
     port = free_port()
-    url = f"http://127.0.0.1:{port}"
     server = start_server(server_kind, mode, port)
     try:
-        async with aiohttp.ClientSession() as session:
-            await wait_until_healthy(session, url, server)
-        capacity = await load(url, arguments.seconds, arguments.concurrency, arguments.warmup)
+        await asyncio.to_thread(wait_until_healthy, port, server)
+        capacity = await run_phase(workers, port, arguments, None)
         report(mode, "capacity", capacity)
-        bounded = await load(url, arguments.seconds, arguments.concurrency, arguments.warmup, arguments.rate)
+        bounded = await run_phase(workers, port, arguments, arguments.rate)
         report(mode, f"{arguments.rate:g}/s", bounded)
     finally:
         output = stop_server(server)
@@ -167,15 +217,24 @@ def report(mode: str, phase: str, result: dict[str, float]) -> None:
 
 
 async def main(arguments: argparse.Namespace) -> None:
-    print(f"{arguments.server} server, {arguments.concurrency} clients, {arguments.seconds:g} s per mode", flush=True)
-    rows = [await run_mode(arguments.server, mode, arguments) for mode in MODES]
+    print(
+        f"{arguments.server} server, {arguments.concurrency} connections from {arguments.clients} client processes, "
+        f"{arguments.seconds:g} s per phase",
+        flush=True,
+    )
+    spawn = multiprocessing.get_context("spawn")  # clean processes: no copy of this one's state
+    with ProcessPoolExecutor(arguments.clients + 1, mp_context=spawn) as workers:
+        rows = [await run_mode(workers, arguments.server, mode, arguments) for mode in MODES]
     by_mode = {row["mode"]: row for row in rows}
     capacity = {mode: row["capacity"]["requests_per_second"] for mode, row in by_mode.items()}  # type: ignore[index]
     ratio = capacity["aiogpu"] / max(capacity["blocking"], 1e-9)
     print(f"aiogpu / blocking throughput: {ratio:.2f}x; served by {rows[0]['server'].removeprefix('serving on ')}")
     if arguments.out:
         arguments.out.write_text(
-            json.dumps({"server": arguments.server, "concurrency": arguments.concurrency, "rows": rows}, indent=1)
+            json.dumps(
+                {"server": arguments.server, "concurrency": arguments.concurrency, "clients": arguments.clients, "rows": rows},
+                indent=1,
+            )
         )
 
 
@@ -184,7 +243,8 @@ if __name__ == "__main__":
     parser.add_argument("--server", choices=("fastapi", "aiohttp"), default="fastapi")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--warmup", type=float, default=2.0)
-    parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--rate", type=float, default=500.0, help="requests per second of the bounded phase")
+    parser.add_argument("--concurrency", type=int, default=64, help="connections, shared by the client processes")
+    parser.add_argument("--clients", type=int, default=2, help="client processes generating the load")
+    parser.add_argument("--rate", type=float, default=1000.0, help="requests per second of the bounded phase")
     parser.add_argument("--out", type=Path)
     asyncio.run(main(parser.parse_args()))

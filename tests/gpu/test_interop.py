@@ -313,7 +313,7 @@ def numba_event(device: aiogpu.Device, stream: aiogpu.Stream) -> Iterator[Foreig
     with numba_cuda.gpus[device.ordinal]:
         event = numba_cuda.event()
         event.record(numba_cuda.external_stream(stream.handle))
-    yield ForeignEvent(event, int(event.handle), True, lambda: bool(event.query()))
+    yield ForeignEvent(event, int(event.handle), False, lambda: bool(event.query()))
 
 
 FOREIGN_EVENTS: dict[str, Callable[[aiogpu.Device, aiogpu.Stream], AbstractContextManager[ForeignEvent]]] = {
