@@ -14,6 +14,9 @@ from ._errors import CudaUnavailableError as CudaUnavailableError
 from ._errors import EventStateError as EventStateError
 from ._event import Event as Event
 from ._event import IpcEventHandle as IpcEventHandle
+from ._hangs import PendingWait as PendingWait
+from ._hangs import pending_waits as pending_waits
+from ._hangs import watch_for_hangs as watch_for_hangs
 from ._pool import StreamPool as StreamPool
 from ._stream import Stream as Stream
 from ._transfer import PinnedBuffer as PinnedBuffer
@@ -34,6 +37,7 @@ __all__ = (
     "Event",
     "EventStateError",
     "IpcEventHandle",
+    "PendingWait",
     "PinnedBuffer",
     "PinnedPool",
     "Stream",
@@ -42,7 +46,9 @@ __all__ = (
     "copy_to_device",
     "copy_to_host",
     "get_default_wait_strategy",
+    "pending_waits",
     "set_default_wait_strategy",
+    "watch_for_hangs",
 )
 
 # Public path in reprs, tracebacks and pickles (``aiogpu.Event``, not ``aiogpu._event.Event``).

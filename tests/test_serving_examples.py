@@ -110,3 +110,32 @@ def test_load_test_reports_every_mode() -> None:
         for phase in ("capacity", "50/s"):
             assert any(line.split()[:2] == [mode, phase] and "errors 0" in line for line in lines), result.stdout
     assert "aiogpu / blocking throughput" in lines[-1]
+
+
+@pytest.mark.anyio
+async def test_health_fails_while_a_gpu_wait_is_stuck(monkeypatch: pytest.MonkeyPatch) -> None:
+    import anyio
+
+    import aiogpu
+    from aiogpu.testing import Latch
+
+    monkeypatch.syspath_prepend(str(SERVING))
+    import model as serving  # examples/serving/model.py
+
+    monkeypatch.setattr(serving, "HUNG_AFTER", 0.0)
+    model = serving.Model()  # no GPU here: the simulated device
+    device = model.streams.devices[0]
+    with aiogpu.Stream(device) as stream, Latch(device) as latch:
+        latch.block(stream)
+        stuck = stream.record()
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(stuck.wait)
+                await anyio.wait_all_tasks_blocked()
+                healthy, body = model.health()
+                assert not healthy
+                assert body["status"] == "stuck"
+                latch.release()
+        assert model.health() == (True, {"status": "ok", "mode": "aiogpu", "batches": 0})
+        stuck.close()
+    model.streams.close()

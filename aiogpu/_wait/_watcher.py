@@ -73,11 +73,12 @@ def _watch_past_prediction(estimate: float) -> float:
 class _Entry:
     """One recording of one event that tasks of this loop are waiting for."""
 
-    __slots__ = ("error", "generation", "mode", "recorded_at", "sequence", "signals", "target")
+    __slots__ = ("error", "generation", "mode", "recorded_at", "sequence", "signals", "started", "target")
 
     def __init__(self, target: WaitTarget, mode: Mode) -> None:
         self.target = target
         self.mode = mode
+        self.started = time.monotonic()  # when the first task began waiting (hang reports)
         self.generation = target._generation
         self.recorded_at = target._recorded_at
         self.sequence = target._record_sequence
@@ -150,6 +151,10 @@ class Watcher:
             raise
         if entry.error is not None:
             raise copy.copy(entry.error)
+
+    def pending(self) -> list[_Entry]:
+        """The recordings this loop's tasks are waiting for, oldest wait first."""
+        return sorted(self._entries.values(), key=lambda entry: entry.started)
 
     def _leave(self, entry: _Entry, signal: Signal) -> None:
         entry.signals.pop(signal, None)

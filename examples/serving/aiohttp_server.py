@@ -1,6 +1,7 @@
 """The same inference server on aiohttp's web server, awaiting the GPU with aiogpu.
 
-POST /predict {"tokens": [ints]} -> {"outputs": [16 floats]}; GET /health. See ``model.py``.
+POST /predict {"tokens": [ints]} -> {"outputs": [16 floats]}; GET /health (503 while a GPU wait
+is stuck). See ``model.py``.
 
 Run:  python examples/serving/aiohttp_server.py [--mode aiogpu] [--port 8000]
 """
@@ -30,8 +31,8 @@ async def predict(request: web.Request) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
-    model = request.app[MODEL]
-    return web.json_response({"status": "ok", "mode": model.mode, "batches": model.batches_run})
+    healthy, body = request.app[MODEL].health()
+    return web.json_response(body, status=200 if healthy else 503)
 
 
 def create_app(mode: str) -> web.Application:

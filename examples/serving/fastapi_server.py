@@ -1,8 +1,9 @@
 """An inference server on FastAPI + uvicorn that awaits the GPU with aiogpu.
 
-POST /predict {"tokens": [ints]} -> {"outputs": [16 floats]}; GET /health. Requests are
-micro-batched and run on a pool of streams over every GPU (``model.py``). ``--mode blocking`` and
-``--mode to_thread`` wait the ways aiogpu replaces, for comparison (``loadtest.py``).
+POST /predict {"tokens": [ints]} -> {"outputs": [16 floats]}; GET /health (503 while a GPU wait
+is stuck: ``aiogpu.pending_waits``). Requests are micro-batched and run on a pool of streams
+over every GPU (``model.py``). ``--mode blocking`` and ``--mode to_thread`` wait the ways aiogpu
+replaces, for comparison (``loadtest.py``).
 
 Run:  python examples/serving/fastapi_server.py [--mode aiogpu] [--port 8000]
 """
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import uvicorn
 from fastapi import FastAPI, HTTPException
+from fastapi.responses import JSONResponse
 from model import Model, freeze_startup_objects, server_arguments
 from pydantic import BaseModel
 
@@ -49,8 +51,9 @@ def create_app(mode: str) -> FastAPI:
             raise HTTPException(status_code=422, detail=str(error)) from None
 
     @app.get("/health")
-    async def health() -> dict[str, object]:
-        return {"status": "ok", "mode": mode, "batches": model.batches_run}
+    async def health() -> JSONResponse:
+        healthy, body = model.health()
+        return JSONResponse(body, status_code=200 if healthy else 503)
 
     return app
 

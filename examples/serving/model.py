@@ -33,6 +33,7 @@ TOKENS = 128
 OUTPUTS = 16
 VOCABULARY = 32_000
 BLOCKS = 32  # bf16 MLP blocks over every token: GPU-bound batches
+HUNG_AFTER = 10.0  # seconds a batch may take before /health reports the server stuck
 
 
 def server_arguments(description: str) -> argparse.Namespace:
@@ -94,6 +95,15 @@ class Model:
         if self._batcher is None:
             self._batcher = asyncio.create_task(self._batch_forever())
         return await request.answer
+
+    def health(self) -> tuple[bool, dict[str, object]]:
+        """Whether the server is healthy, and the ``/health`` body: unhealthy while a GPU wait
+        has been pending longer than ``HUNG_AFTER`` seconds (work that will never finish)."""
+        stuck = [wait for wait in aiogpu.pending_waits() if wait.age > HUNG_AFTER]
+        body: dict[str, object] = {"status": "stuck" if stuck else "ok", "mode": self.mode, "batches": self.batches_run}
+        if stuck:
+            body["oldest_wait_s"] = round(stuck[0].age, 1)
+        return not stuck, body
 
     async def _batch_forever(self) -> None:
         while True:
