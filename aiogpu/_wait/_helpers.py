@@ -7,7 +7,8 @@ host function: it rings as soon as the event's work is done and delays nobody.
 
 Arming runs on its own thread, never on the loop: creating a stream can block inside the driver
 while other streams are held (seen on an H200 with 32+ streams waiting on host memory), and a
-loop blocked there could never release them. Helper streams are reused once idle.
+loop blocked there could never release them. Helper streams are reused once idle; beyond
+``KEEP_IDLE_HELPERS`` idle ones per device (after a burst of waits) they are destroyed.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
 
 _armer = PerProcess(lambda: Timer("aiogpu-armer")).get
 _helpers: dict[tuple[int, int], list[int]] = {}  # only touched on the armer thread
+#: Idle helper streams kept per device for the next armed waits; more are destroyed.
+KEEP_IDLE_HELPERS = 16
 
 
 def arm(target: WaitTarget, doorbell: Doorbell, poke: Callable[[], None]) -> None:
@@ -51,8 +54,12 @@ def _arm(target: WaitTarget, doorbell: Doorbell, poke: Callable[[], None]) -> No
 
 def _idle_helper(driver: Driver, device: Device) -> int:
     helpers = _helpers.get((id(driver), device._context), [])
-    for index, helper in enumerate(helpers):
-        if driver.stream_query(helper):
-            return helpers.pop(index)
+    idle = [helper for helper in helpers if driver.stream_query(helper)]
+    for extra in idle[KEEP_IDLE_HELPERS:]:  # a burst of armed waits is over: give its streams back
+        helpers.remove(extra)
+        driver.stream_destroy(extra)
+    if idle:
+        helpers.remove(idle[0])
+        return idle[0]
     with device._activated():
         return driver.stream_create(_driver.STREAM_NON_BLOCKING, 0)

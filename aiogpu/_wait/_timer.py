@@ -74,6 +74,9 @@ class Timer:
                 callback()
             except Exception:  # a callback only schedules; never let it kill the timer
                 pass
+            # The thread may idle for seconds: keep nothing alive that the callback referred to
+            # (an armed wait's event, which the user may have dropped).
+            del callback
 
 
 timer = PerProcess(Timer).get

@@ -24,12 +24,14 @@ from __future__ import annotations
 import ctypes
 import itertools
 import math
+import os
 import threading
 import time
+import weakref
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from .. import _driver
 from .._driver import (
@@ -176,6 +178,25 @@ class SimulatedWork:
                 self._driver._changed.notify_all()
 
 
+#: Every SimulatedDriver alive, so a forked child can make them fail as CUDA fails there.
+_live_drivers: weakref.WeakSet[SimulatedDriver] = weakref.WeakSet()
+
+
+def _fail_after_fork() -> None:
+    """In a child created by ``fork()``: every driver call of every simulated driver raises
+    ``CUDA_ERROR_NOT_INITIALIZED``, as CUDA does in a child of a parent that used it."""
+    for driver in list(_live_drivers):
+        for name in _DRIVER_CALLS:
+            setattr(driver, name, _not_initialized(name))
+
+
+def _not_initialized(name: str) -> Callable[..., NoReturn]:
+    def call(*args: object, **kwargs: object) -> NoReturn:
+        raise cuda_error(_driver.result_code("CUDA_ERROR_NOT_INITIALIZED"), name)
+
+    return call
+
+
 class SimulatedDriver:
     """A pure-Python CUDA driver with CUDA's semantics, for testing without a GPU.
 
@@ -226,6 +247,7 @@ class SimulatedDriver:
         self._synchronizing: dict[int, int] = {}  # event handle -> threads synchronizing on it
         self._violations = 0
         self._current = threading.local()
+        _live_drivers.add(self)
 
     # -- test controls --------------------------------------------------------------------
     def device(self, ordinal: int = 0) -> Device:
@@ -741,3 +763,14 @@ def _check_seconds(name: str, value: object) -> float:
 
 def _running_event_loop() -> bool:
     return running_asyncio_loop() is not None or in_trio_run() is not None
+
+
+#: The calls a forked child must not make: the Driver protocol and the simulator's own work.
+_DRIVER_CALLS = tuple(
+    name
+    for name in vars(SimulatedDriver)
+    if not name.startswith("_")
+    and callable(getattr(SimulatedDriver, name))
+    and name not in ("installed", "statistics", "wait_until_blocked")
+)
+os.register_at_fork(after_in_child=_fail_after_fork)

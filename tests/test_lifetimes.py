@@ -1,0 +1,131 @@
+"""Streams and events dropped by the user (never closed) while waits on them are pending, and
+while a callback wait's host function is still enqueued: no crash, every wait finishes or
+fails cleanly, and (on the simulated device, which counts them) every handle is destroyed.
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import anyio
+import pytest
+
+import aiogpu
+from aiogpu._wait import _helpers
+from aiogpu.testing import Latch
+from tests.helpers import settle_waiter_threads
+
+pytestmark = pytest.mark.anyio
+TIMEOUT = 20.0
+
+
+def live_handles(device: aiogpu.Device) -> tuple[int, int] | None:
+    """(events, streams) alive on the simulated driver, less the callback strategy's idle helper
+    streams (a bounded pool, reused by the next waits); ``None`` on a GPU (nothing counts them)."""
+    statistics = getattr(device._driver, "statistics", None)
+    if statistics is None:
+        return None
+    snapshot = statistics()
+    helpers = len(_helpers._helpers.get((id(device._driver), device._context), []))
+    assert helpers <= _helpers.KEEP_IDLE_HELPERS
+    return snapshot.live_events, snapshot.live_streams - helpers
+
+
+async def test_dropped_streams_and_events_with_pending_waits(device: aiogpu.Device, strategy: aiogpu.WaitStrategy) -> None:
+    before = live_handles(device)
+    with Latch(device) as latch:
+        woken = 0
+        dropped: list[weakref.ref[object]] = []
+
+        def start_work() -> aiogpu.Event:
+            stream = aiogpu.Stream(device)  # the user keeps no reference to it
+            dropped.append(weakref.ref(stream))
+            latch.block(stream)
+            return stream.record()
+
+        async def waiter(event: aiogpu.Event) -> None:
+            nonlocal woken
+            await event.wait(strategy=strategy)
+            woken += 1
+
+        with anyio.fail_after(TIMEOUT):
+            async with anyio.create_task_group() as tg:
+                for _ in range(4):
+                    event = start_work()
+                    dropped.append(weakref.ref(event))
+                    for _ in range(5):
+                        tg.start_soon(waiter, event)
+                del event  # only the waits hold the events now
+                await anyio.wait_all_tasks_blocked()
+                gc.collect()
+                assert all(ref() is None for ref in dropped[0::2])  # the streams were destroyed
+                latch.release()
+        assert woken == 20
+    await anyio.to_thread.run_sync(settle_waiter_threads)
+    gc.collect()
+    assert all(ref() is None for ref in dropped)  # nothing kept them once the waits were over
+    assert live_handles(device) == before
+
+
+async def test_dropped_event_whose_wait_was_cancelled_with_a_host_function_enqueued(device: aiogpu.Device) -> None:
+    """A cancelled callback wait leaves its host function on the stream; the user then drops
+    the event and the stream. The host function runs later, when nothing else refers to them."""
+    before = live_handles(device)
+    with Latch(device) as latch:
+        stream = aiogpu.Stream(device)
+        latch.block(stream)
+        event = stream.record()
+        with anyio.move_on_after(0.05) as scope:
+            await event.wait(strategy="callback")
+        assert scope.cancelled_caught
+        refs = [weakref.ref(event), weakref.ref(stream)]
+        del event, stream
+        gc.collect()
+        latch.release()
+        with aiogpu.Stream(device) as later:  # the device still works: the host function ran harmlessly
+            with anyio.fail_after(TIMEOUT):
+                await later.record().wait(strategy="callback")
+    await anyio.to_thread.run_sync(settle_waiter_threads)
+    gc.collect()
+    assert all(ref() is None for ref in refs)  # the engine let go of them once the work was done
+    assert live_handles(device) == before
+
+
+async def test_a_burst_of_callback_waits_leaves_a_bounded_pool_of_helper_streams(device: aiogpu.Device) -> None:
+    burst = _helpers.KEEP_IDLE_HELPERS + 8
+    pool = _helpers._helpers.setdefault((id(device._driver), device._context), [])
+    streams = [aiogpu.Stream(device) for _ in range(burst)]
+    with Latch(device) as latch:
+        for stream in streams:
+            latch.block(stream)
+        events = [stream.record() for stream in streams]
+        with anyio.fail_after(TIMEOUT):
+            async with anyio.create_task_group() as tg:
+                for event in events:
+                    tg.start_soon(lambda e=event: e.wait(strategy="callback"))
+                await anyio.wait_all_tasks_blocked()
+                await anyio.to_thread.run_sync(armer_caught_up)
+                assert len(pool) >= burst  # one helper stream per armed wait
+                latch.release()
+        with aiogpu.Stream(device) as later, Latch(device) as hold:
+            hold.block(later)
+            event = later.record()
+            with anyio.fail_after(TIMEOUT):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(lambda: event.wait(strategy="callback"))  # arming it trims the idle ones
+                    await anyio.wait_all_tasks_blocked()
+                    await anyio.to_thread.run_sync(armer_caught_up)
+                    assert len(pool) <= _helpers.KEEP_IDLE_HELPERS
+                    hold.release()
+    for stream in streams:
+        stream.close()
+
+
+def armer_caught_up() -> None:
+    """Block until the armer thread has run everything queued before this call (FIFO)."""
+    import threading
+
+    done = threading.Event()
+    _helpers._armer().call_at(0.0, done.set)
+    assert done.wait(TIMEOUT)

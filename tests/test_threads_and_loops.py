@@ -1,0 +1,146 @@
+"""One event awaited from several event loops in several threads (asyncio, uvloop and trio
+mixed), and aiogpu used from a thread where another CUDA context is current: every wait wakes,
+nothing is left subscribed, and aiogpu never changes the context the thread had.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import anyio
+import pytest
+
+import aiogpu
+from aiogpu.testing import Latch
+
+#: The loops of the four threads: (anyio backend, backend options).
+LOOPS: list[tuple[str, dict[str, Any]]] = [("asyncio", {}), ("trio", {}), ("asyncio", {"use_uvloop": True}), ("trio", {})]
+TASKS_PER_LOOP = 25
+TIMEOUT = 20.0
+
+
+def test_one_event_awaited_from_four_loops_in_four_threads(device: aiogpu.Device, strategy: aiogpu.WaitStrategy) -> None:
+    pytest.importorskip("uvloop")
+    pytest.importorskip("trio")
+    with aiogpu.Stream(device) as stream, Latch(device) as latch:
+        latch.block(stream)
+        event = stream.record()
+        all_waiting = threading.Barrier(len(LOOPS) + 1, timeout=TIMEOUT)
+        woken: list[int] = []
+        errors: list[BaseException] = []
+
+        async def loop_body() -> None:
+            count = 0
+
+            async def waiter() -> None:
+                nonlocal count
+                await event.wait(strategy=strategy)
+                count += 1
+
+            with anyio.fail_after(TIMEOUT):
+                async with anyio.create_task_group() as tg:
+                    for _ in range(TASKS_PER_LOOP):
+                        tg.start_soon(waiter)
+                    await anyio.wait_all_tasks_blocked()
+                    assert count == 0  # the work is held by the latch
+                    await anyio.to_thread.run_sync(all_waiting.wait)
+            woken.append(count)
+
+        def thread_body(backend: str, options: dict[str, Any]) -> None:
+            try:
+                anyio.run(loop_body, backend=backend, backend_options=options)
+            except BaseException as error:  # reported by the main thread
+                errors.append(error)
+                all_waiting.abort()
+
+        threads = [threading.Thread(target=thread_body, args=loop, name=f"loop-{index}") for index, loop in enumerate(LOOPS)]
+        for thread in threads:
+            thread.start()
+        try:
+            all_waiting.wait()  # every loop has its tasks waiting
+        finally:
+            latch.release()
+            for thread in threads:
+                thread.join(TIMEOUT)
+        assert not errors, errors
+        assert not any(thread.is_alive() for thread in threads)
+        assert woken == [TASKS_PER_LOOP] * len(LOOPS)
+        event.close()
+
+
+@contextmanager
+def another_context_current(device: aiogpu.Device) -> Iterator[int]:
+    """Make a CUDA context other than ``device``'s primary context current on this thread."""
+    driver = device._driver
+    if driver.name == "simulated":
+        other = aiogpu.Device(1, driver=driver)._context
+        driver.context_set_current(other)
+        try:
+            yield other
+        finally:
+            driver.context_set_current(0)
+        return
+    from cuda.bindings import driver as cu
+
+    try:  # cuda-bindings 13: cuCtxCreate(params, flags, device); 12: cuCtxCreate(flags, device)
+        result, context = cu.cuCtxCreate(None, 0, cu.CUdevice(device.ordinal))
+    except TypeError:
+        result, context = cu.cuCtxCreate(0, cu.CUdevice(device.ordinal))
+    assert result == cu.CUresult.CUDA_SUCCESS, result
+    try:
+        yield int(context)  # cuCtxCreate made it current
+    finally:
+        cu.cuCtxSetCurrent(cu.CUcontext(0))
+        cu.cuCtxDestroy(context)
+
+
+def test_aiogpu_leaves_another_current_context_alone(device: aiogpu.Device, strategy: aiogpu.WaitStrategy) -> None:
+    driver = device._driver
+    checked: list[str] = []
+    failures: list[BaseException] = []
+
+    def thread_body() -> None:
+        try:
+            with another_context_current(device) as other:
+                assert other != device._context
+
+                def still_theirs(what: str) -> None:
+                    assert driver.context_get_current() == other, f"{what} changed the thread's current context"
+                    checked.append(what)
+
+                with aiogpu.Stream(device) as stream, Latch(device) as latch:
+                    still_theirs("Stream()")
+                    latch.block(stream)
+                    event = stream.record()
+                    still_theirs("record()")
+                    assert not event.is_done
+                    still_theirs("is_done")
+                    with aiogpu.Stream(device) as follower:
+                        follower.wait_for(event)
+                        still_theirs("wait_for()")
+
+                        async def wait() -> None:
+                            with anyio.fail_after(TIMEOUT):
+                                async with anyio.create_task_group() as tg:
+                                    tg.start_soon(lambda: event.wait(strategy=strategy))
+                                    await anyio.wait_all_tasks_blocked()
+                                    latch.release()
+                                await follower.wait_idle(strategy=strategy)
+
+                        anyio.run(wait)
+                        still_theirs("await")
+                    assert event.is_done
+                    event.close()
+                still_theirs("close()")
+        except BaseException as error:  # reported by the main thread
+            failures.append(error)
+
+    thread = threading.Thread(target=thread_body, name="another-context")
+    thread.start()
+    thread.join(TIMEOUT)
+    assert not thread.is_alive(), "the thread hung"
+    assert not failures, failures
+    assert checked == ["Stream()", "record()", "is_done", "wait_for()", "await", "close()"]
