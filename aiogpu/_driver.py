@@ -15,7 +15,9 @@ Rules this file keeps:
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
+import weakref
 from typing import TYPE_CHECKING, Any, Protocol
 
 from cuda.bindings import driver as cu
@@ -160,6 +162,26 @@ _DESCRIPTIONS = {
 }
 
 
+def fail_every_call_after_fork(driver: object) -> None:
+    """In a child created by ``fork()``: make every public call of ``driver`` raise
+    ``CUDA_ERROR_NOT_INITIALIZED`` (with the hint to use ``spawn``) without entering the driver.
+
+    CUDA cannot be used in a child of a parent that used it, and calling it there may not even
+    fail: a driver lock held by one of the parent's threads at the fork (a waiter thread parked
+    in ``cuEventSynchronize``) is held forever in the child, so the call hangs (seen on an H200).
+    """
+    for name, member in vars(type(driver)).items():
+        if not name.startswith("_") and callable(member):
+            setattr(driver, name, _fails_after_fork(name))
+
+
+def _fails_after_fork(name: str) -> Callable[..., Any]:
+    def call(*args: object, **kwargs: object) -> Any:
+        raise cuda_error(result_code("CUDA_ERROR_NOT_INITIALIZED"), name)
+
+    return call
+
+
 def _describe(result: int) -> str:
     try:
         err, text = cu.cuGetErrorString(cu.CUresult(result))
@@ -198,6 +220,7 @@ class CudaDriver:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._initialized = False
+        _cuda_drivers.add(self)
         self._kernels: dict[int, dict[str, Any]] = {}  # context -> kernel name -> CUfunction
         self._latches: dict[int, int] = {}  # host pointer -> device pointer
         self._libcuda_handle: Any = None
@@ -419,3 +442,16 @@ def swap_default_driver(driver: Driver | None) -> Driver | None:
     with _default_lock:
         previous, _default = _default, driver
         return previous
+
+
+#: Every CudaDriver, so that a forked child can refuse the ones its parent initialized.
+_cuda_drivers: weakref.WeakSet[CudaDriver] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for driver in list(_cuda_drivers):
+        if driver._initialized:  # a child of a parent that never used CUDA may use it itself
+            fail_every_call_after_fork(driver)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

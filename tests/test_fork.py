@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -61,7 +62,8 @@ SCRIPT = textwrap.dedent(
         for strategy in ("auto", "poll", "thread", "callback"):
             calls.append((f"await {strategy}", lambda s=strategy: asyncio.run(pending.wait(strategy=s))))
             calls.append((f"await done {strategy}", lambda s=strategy: asyncio.run(done.wait(strategy=s))))
-        print(json.dumps([attempt(name, call) for name, call in calls]), flush=True)
+        for name, call in calls:           # one line per call: a hang shows where
+            print(json.dumps(attempt(name, call)), flush=True)
 
     pid = os.fork()
     if pid == 0:
@@ -77,14 +79,14 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def run_fork_script(kind: str) -> tuple[list[dict[str, object]], dict[str, object]]:
+def run_fork_script(kind: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     result = subprocess.run(
         [sys.executable, "-c", SCRIPT, kind], cwd=ROOT, capture_output=True, text=True, timeout=90, check=False
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    lines = result.stdout.strip().splitlines()
-    assert len(lines) == 2, result.stdout + result.stderr
-    return json.loads(lines[0]), json.loads(lines[1])
+    *child, parent = (json.loads(line) for line in result.stdout.strip().splitlines())
+    assert parent["child_status"] == 0, f"the child hung or crashed ({parent}) after: {child}\n{result.stderr}"
+    return child, parent
 
 
 @pytest.mark.timeout(120)

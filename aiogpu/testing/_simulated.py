@@ -31,7 +31,7 @@ import weakref
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING
 
 from .. import _driver
 from .._driver import (
@@ -183,18 +183,10 @@ _live_drivers: weakref.WeakSet[SimulatedDriver] = weakref.WeakSet()
 
 
 def _fail_after_fork() -> None:
-    """In a child created by ``fork()``: every driver call of every simulated driver raises
+    """In a child created by ``fork()``: every call of every simulated driver raises
     ``CUDA_ERROR_NOT_INITIALIZED``, as CUDA does in a child of a parent that used it."""
     for driver in list(_live_drivers):
-        for name in _DRIVER_CALLS:
-            setattr(driver, name, _not_initialized(name))
-
-
-def _not_initialized(name: str) -> Callable[..., NoReturn]:
-    def call(*args: object, **kwargs: object) -> NoReturn:
-        raise cuda_error(_driver.result_code("CUDA_ERROR_NOT_INITIALIZED"), name)
-
-    return call
+        _driver.fail_every_call_after_fork(driver)
 
 
 class SimulatedDriver:
@@ -765,12 +757,4 @@ def _running_event_loop() -> bool:
     return running_asyncio_loop() is not None or in_trio_run() is not None
 
 
-#: The calls a forked child must not make: the Driver protocol and the simulator's own work.
-_DRIVER_CALLS = tuple(
-    name
-    for name in vars(SimulatedDriver)
-    if not name.startswith("_")
-    and callable(getattr(SimulatedDriver, name))
-    and name not in ("installed", "statistics", "wait_until_blocked")
-)
 os.register_at_fork(after_in_child=_fail_after_fork)

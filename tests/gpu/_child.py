@@ -2,8 +2,8 @@
 
 A kernel fault is sticky: it makes the CUDA context unusable for the rest of its process, so
 the pytest process never faults. ``python -m tests.gpu._child fault STRATEGY LOOP`` (run from
-the project root) faults the GPU under 16 awaiting tasks and prints, as one JSON line, what
-each of them raised. :func:`await_shared_event` is the target of a spawned
+the project root) faults the GPU under 100 awaiting tasks on 4 streams and prints, as one JSON
+line, what each of them raised and when. :func:`await_shared_event` is the target of a spawned
 ``multiprocessing.Process`` that awaits an event another process records.
 """
 
@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
+import math
+import time
 import typing
 from typing import TYPE_CHECKING, Any
 
@@ -29,8 +32,11 @@ LOOPS: dict[str, tuple[str, dict[str, Any]]] = {
     "uvloop": ("asyncio", {"use_uvloop": True}),
     "trio": ("trio", {}),
 }
-EVENTS = 4
-AWAITERS_PER_EVENT = 4
+STREAMS = 4
+EVENTS_PER_STREAM = 5
+AWAITERS_PER_EVENT = 5  # 100 awaiting tasks in all
+TICK = 1e-3  # the ticker task's period (s)
+TICKS_AFTER = 10  # ticks the loop must still run once every awaiter has raised
 FAULT_TIMEOUT = 10.0
 IPC_TIMEOUT = 30.0
 
@@ -46,42 +52,76 @@ def running_loop() -> str:
 
 # -- a kernel fault under awaiting tasks -----------------------------------------------------
 async def fault_under_awaiters(strategy: aiogpu.WaitStrategy) -> dict[str, Any]:
-    """Fault the GPU while tasks await events recorded behind the fault; report what they raised."""
+    """Fault the GPU while 100 tasks await events on 4 streams and a ticker keeps the loop
+    busy; report what each task raised, how long after the fault, and how the ticker fared."""
     device = aiogpu.Device(0)
     outcomes: list[dict[str, Any]] = []
     errors: list[aiogpu.CudaError] = []
+    released_at = 0.0
+    ticks: list[float] = []
 
     async def awaiter(event: aiogpu.Event) -> None:
         try:
             await event.wait(strategy=strategy)
         except aiogpu.CudaError as exc:
             errors.append(exc)
-            outcomes.append({"raised": "CudaError", "name": exc.name, "is_context_lost": exc.is_context_lost})
+            outcomes.append(
+                {
+                    "raised": "CudaError",
+                    "name": exc.name,
+                    "is_context_lost": exc.is_context_lost,
+                    "says_unusable": "no longer usable" in str(exc),
+                    "after_ms": (time.monotonic() - released_at) * 1e3,
+                }
+            )
         except Exception as exc:
             outcomes.append({"raised": type(exc).__name__, "message": str(exc)})
         else:
             outcomes.append({"raised": None})
 
-    with aiogpu.Stream(device) as stream, Latch(device) as latch:
-        # Load the test kernels before holding the stream: a first load may synchronize the context.
-        launch_spin(stream, 0)
-        await stream.wait_idle(strategy=strategy)
-        latch.block(stream)
-        launch_fault(stream)  # runs, and faults, once the latch opens
-        events = [stream.record() for _ in range(EVENTS)]
+    all_raised_at = math.inf
+    ticked_after = anyio.Event()  # TICKS_AFTER ticks once every awaiter has raised
+
+    async def ticker() -> None:
+        while True:
+            ticks.append(now := time.monotonic())
+            if now > all_raised_at and sum(tick > all_raised_at for tick in ticks[-TICKS_AFTER:]) == TICKS_AFTER:
+                ticked_after.set()
+            await anyio.sleep(TICK)
+
+    streams = [aiogpu.Stream(device) for _ in range(STREAMS)]
+    with Latch(device) as latch:
+        # Load the test kernels before holding the streams: a first load may synchronize the context.
+        launch_spin(streams[0], 0)
+        await streams[0].wait_idle(strategy=strategy)
+        for stream in streams:
+            latch.block(stream)
+        launch_fault(streams[0])  # runs, and faults, once the latch opens
+        for stream in streams[1:]:
+            stream.wait_for(streams[0])  # their work comes after the fault, so none of it completes
+        events = [stream.record() for stream in streams for _ in range(EVENTS_PER_STREAM)]
         with anyio.fail_after(FAULT_TIMEOUT):
             async with anyio.create_task_group() as tg:
-                for event in events:
-                    for _ in range(AWAITERS_PER_EVENT):
-                        tg.start_soon(awaiter, event)
-                await anyio.wait_all_tasks_blocked()
-                pending_before_release = not any(event.is_done for event in events)
-                latch.release()
+                tg.start_soon(ticker)
+                async with anyio.create_task_group() as awaiters:
+                    for event in events:
+                        for _ in range(AWAITERS_PER_EVENT):
+                            awaiters.start_soon(awaiter, event)
+                    await anyio.wait_all_tasks_blocked()
+                    pending_before_release = not any(event.is_done for event in events)
+                    released_at = time.monotonic()
+                    latch.release()
+                all_raised_at = time.monotonic()
+                await ticked_after.wait()  # the loop goes on serving other tasks
+                tg.cancel_scope.cancel()
+    during = [tick for tick in ticks if released_at <= tick <= all_raised_at]
     return {
         "loop": running_loop(),
         "pending_before_release": pending_before_release,
         "outcomes": outcomes,
         "distinct_errors": len({id(error) for error in errors}),
+        "ticks_during_fault": len(during),
+        "max_tick_gap_ms": max((b - a for a, b in itertools.pairwise(ticks)), default=0.0) * 1e3,
     }
 
 

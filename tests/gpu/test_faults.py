@@ -2,9 +2,10 @@
 
 A fault (``CUDA_ERROR_ILLEGAL_ADDRESS``) makes the CUDA context unusable for the rest of its
 process, so each case runs in a child process (``tests/gpu/_child.py``), once per wait
-strategy and event loop: the child holds a stream with a ``Latch``, enqueues the faulting
-kernel behind it, records 4 events after the kernel, starts 4 awaiting tasks per event,
-releases the latch and reports, as JSON, what each task raised.
+strategy and event loop: the child holds 4 streams with a ``Latch``, enqueues the faulting
+kernel behind it on one of them, records 5 events on each, starts 5 awaiting tasks per event
+(100 in all) and a 1 kHz ticker task, releases the latch and reports, as JSON, what each task
+raised, how long after the release, and whether the ticker kept ticking.
 """
 
 from __future__ import annotations
@@ -19,13 +20,15 @@ from typing import Any
 import pytest
 
 import aiogpu
-from tests.gpu._child import AWAITERS_PER_EVENT, EVENTS, LOOPS
+from tests.gpu._child import AWAITERS_PER_EVENT, EVENTS_PER_STREAM, LOOPS, STREAMS
 
 pytestmark = pytest.mark.gpu
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Starting Python and CUDA, then the child's own 10 s bound on the awaiters.
 CHILD_TIMEOUT = 90
+#: Every awaiter must have its CudaError this soon after the faulting kernel is let run.
+FAULT_REPORTED_WITHIN_MS = 200
 
 
 def run_child(*args: str) -> dict[str, Any]:
@@ -55,8 +58,16 @@ def test_fault_raises_a_sticky_cuda_error_in_every_awaiter(strategy: aiogpu.Wait
     assert report["loop"] == loop
     assert report["pending_before_release"], "the events completed before the latch was released"
     outcomes = report["outcomes"]
-    assert len(outcomes) == EVENTS * AWAITERS_PER_EVENT, outcomes
+    assert len(outcomes) == STREAMS * EVENTS_PER_STREAM * AWAITERS_PER_EVENT == 100, outcomes
     for outcome in outcomes:
         assert outcome["raised"] == "CudaError", outcome
         assert outcome["is_context_lost"], outcome
+        assert outcome["says_unusable"], outcome  # the message says the context is gone for good
+        assert outcome["after_ms"] <= FAULT_REPORTED_WITHIN_MS, outcome
     assert report["distinct_errors"] == len(outcomes), "awaiters shared an exception object"
+    assert report["max_tick_gap_ms"] < 50, report  # the loop kept serving the ticker throughout
+    slowest = max(outcome["after_ms"] for outcome in outcomes)
+    print(
+        f"{strategy}/{loop}: last of 100 awaiters raised {slowest:.1f} ms after the fault was let run; "
+        f"ticker's longest gap {report['max_tick_gap_ms']:.1f} ms"
+    )
