@@ -76,10 +76,7 @@ class Device:
 
     def __new__(cls, ordinal: int = 0, *, driver: Driver | None = None) -> Device:
         ordinal = check_int("device ordinal", ordinal)
-        if driver is None:
-            driver = _driver.default_driver()
-        elif not all(callable(getattr(driver, name, None)) for name in ("init", "event_query", "stream_create")):
-            raise TypeError(f"driver must implement aiogpu's driver interface (CudaDriver, SimulatedDriver), got {driver!r}")
+        driver = _check_driver(driver)
         with _devices_lock:
             devices = _devices_of(driver)
             device = devices.get(ordinal)
@@ -109,7 +106,7 @@ class Device:
     @staticmethod
     def count(*, driver: Driver | None = None) -> int:
         """How many CUDA devices this process can see (0 if there is no driver or device)."""
-        driver = driver or _driver.default_driver()
+        driver = _check_driver(driver)
         try:
             driver.init()
             return driver.device_count()
@@ -186,3 +183,12 @@ class Device:
         if self._driver is not _driver.default_driver():
             raise TypeError(f"{self!r} cannot be pickled: only devices of the default driver can be")
         return (Device, (self._ordinal,))
+
+
+def _check_driver(driver: object) -> Driver:
+    """``driver``, or the process's default driver for ``None``; ``TypeError`` if not a driver."""
+    if driver is None:
+        return _driver.default_driver()
+    if not all(callable(getattr(driver, name, None)) for name in ("init", "device_count", "event_query", "stream_create")):
+        raise TypeError(f"driver must implement aiogpu's driver interface (CudaDriver, SimulatedDriver), got {driver!r}")
+    return driver  # type: ignore[return-value]

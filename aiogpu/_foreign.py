@@ -53,17 +53,27 @@ def describe_event(obj: object) -> ForeignEvent:
             | (EVENT_INTERPROCESS if getattr(obj, "is_ipc_enabled", False) else 0)
         )
         device = getattr(obj, "device", None)
-        return ForeignEvent(_check_address(int(obj.handle)), getattr(device, "device_id", None), flags, recorded=True)
+        return ForeignEvent(_address_of(obj.handle), getattr(device, "device_id", None), flags, recorded=True)
     if module.startswith("numba") and hasattr(obj, "handle"):
-        raw = obj.handle
-        address = (raw.value or 0) if isinstance(raw, ctypes.c_void_p) else int(raw)
-        return ForeignEvent(_check_address(address), None, 0, recorded=True)
+        return ForeignEvent(_address_of(obj.handle), None, 0, recorded=True)
     if module.startswith("cuda.bindings") and name == "CUevent":
-        return ForeignEvent(_check_address(int(obj)), None, 0, recorded=True)  # type: ignore[call-overload]
+        return ForeignEvent(_address_of(obj), None, 0, recorded=True)
     raise TypeError(
         f"cannot adopt {module}.{name} as an event: expected a torch.cuda.Event, a cupy.cuda.Event, "
         "a cuda.core Event, a Numba event, a cuda.bindings.driver.CUevent or a raw CUevent address (int)"
     )
+
+
+def _address_of(handle: object) -> int:
+    """The address in a handle object: a ``CUevent`` (``int()`` of it), a ctypes ``c_void_p``
+    (Numba's own binding) or an int."""
+    if isinstance(handle, ctypes.c_void_p):
+        return _check_address(handle.value or 0)
+    try:
+        address = int(handle)  # type: ignore[call-overload]
+    except (TypeError, ValueError, OverflowError):
+        raise TypeError(f"an event handle is an address (an int, a CUevent), got {handle!r}") from None
+    return _check_address(address)
 
 
 def _check_address(handle: object) -> int:
@@ -96,20 +106,31 @@ def describe_array(obj: object) -> DeviceArray:
             f"expected a CUDA array (an object with __cuda_array_interface__: a torch CUDA tensor, a CuPy "
             f"or Numba device array) or a (device pointer, nbytes) pair, got {type(obj).__name__}"
         )
-    pointer, readonly = interface["data"]
-    shape = tuple(interface["shape"])
-    itemsize = int(interface["typestr"][2:])
+    try:
+        pointer, readonly = interface["data"]
+        shape = tuple(interface["shape"])
+        typestr = interface["typestr"]
+        strides = interface.get("strides")
+    except (KeyError, TypeError, ValueError):
+        raise TypeError(
+            f"{type(obj).__name__}.__cuda_array_interface__ lacks a valid 'data' (pointer, read-only), 'shape' or 'typestr'"
+        ) from None
+    if not all(isinstance(extent, int) and not isinstance(extent, bool) and extent >= 0 for extent in shape):
+        raise TypeError(f"the CUDA array's shape must be non-negative ints, got {shape!r}")
+    if not (isinstance(typestr, str) and len(typestr) >= 3 and typestr[2:].isdigit() and int(typestr[2:]) > 0):
+        raise TypeError(f"the CUDA array's typestr must look like '<f4', got {typestr!r}")
+    itemsize = int(typestr[2:])
     count = 1
     for extent in shape:
         count *= extent
-    strides = interface.get("strides")
     if strides is not None and count > 1:
+        strides = tuple(strides)
         expected, step = [], itemsize
         for extent in reversed(shape):
             expected.append(step)
             step *= extent
-        if tuple(stride for stride, extent in zip(strides, shape, strict=True) if extent > 1) != tuple(
-            stride for stride, extent in zip(reversed(expected), shape, strict=True) if extent > 1
-        ):
-            raise ValueError(f"the CUDA array is not C-contiguous (strides {tuple(strides)}); make a contiguous copy first")
+        if len(strides) != len(shape) or tuple(
+            stride for stride, extent in zip(strides, shape, strict=True) if extent > 1
+        ) != tuple(stride for stride, extent in zip(reversed(expected), shape, strict=True) if extent > 1):
+            raise ValueError(f"the CUDA array is not C-contiguous (strides {strides}); make a contiguous copy first")
     return DeviceArray(_check_address(pointer or 0), count * itemsize, bool(readonly))

@@ -230,6 +230,9 @@ class StreamPool:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.close()
 
+    def __reduce__(self) -> tuple[object, ...]:
+        raise TypeError("a StreamPool cannot be copied or pickled: it owns its streams; share the object itself")
+
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{self.in_use}/{self.size} in use, {self.waiting} waiting"
         return f"<aiogpu.StreamPool devices={[device.ordinal for device in self._devices]} {state}>"

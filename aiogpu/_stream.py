@@ -341,6 +341,9 @@ class Stream:
         # Default-stream handles resolve through the current context: make ours current.
         return self._device._activated() if self._handle in DEFAULT_STREAM_HANDLES else nullcontext()
 
+    def __reduce__(self) -> tuple[object, ...]:
+        raise TypeError("an aiogpu.Stream cannot be copied or pickled: it holds a CUDA stream handle; share the object itself")
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Stream):
             return NotImplemented

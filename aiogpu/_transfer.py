@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from ._wait import WaitStrategy
 
 _SMALLEST = 4096
+_LARGEST = 1 << 40  # far beyond any host's page-locked memory, and within size_t
 #: Side streams a pool keeps, one per recent producer stream; the least recently used beyond
 #: this is closed (its pending copies still run: destroying a stream does not cancel its work).
 SIDE_STREAMS = 16
@@ -88,6 +89,9 @@ class PinnedBuffer:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.release()
 
+    def __reduce__(self) -> tuple[object, ...]:
+        raise TypeError("a PinnedBuffer cannot be copied or pickled: it lends memory that exactly one owner gives back")
+
     def __repr__(self) -> str:
         state = "released" if self._pool is None else f"{self._nbytes} bytes"
         return f"<aiogpu.PinnedBuffer {state} at {self._pointer:#x}>"
@@ -134,8 +138,8 @@ class PinnedPool:
         """Lend a buffer of at least ``nbytes`` bytes (reused where one is idle)."""
         self._check_open()
         nbytes = check_int("nbytes", nbytes)
-        if nbytes <= 0:
-            raise ValueError(f"nbytes must be positive, got {nbytes}")
+        if not 0 < nbytes <= _LARGEST:
+            raise ValueError(f"nbytes must be positive and at most {_LARGEST} (1 TiB), got {nbytes}")
         self._reap()
         capacity = _size_class(nbytes)
         idle = self._idle.get(capacity)
@@ -234,6 +238,9 @@ class PinnedPool:
     def _check_open(self) -> None:
         if self._closed:
             raise ClosedResourceError("the PinnedPool is closed")
+
+    def __reduce__(self) -> tuple[object, ...]:
+        raise TypeError("a PinnedPool cannot be copied or pickled: it owns page-locked memory; share the object itself")
 
     def __enter__(self) -> PinnedPool:
         return self

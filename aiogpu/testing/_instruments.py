@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, final
 
-from .._errors import AiogpuError
+from .._errors import AiogpuError, ClosedResourceError
 from .._stream import Stream
 
 if TYPE_CHECKING:
@@ -81,6 +81,8 @@ class Latch:
             raise ValueError("the latch is closed")
         if not isinstance(stream, Stream) or stream.device is not self._device:
             raise ValueError(f"expected an aiogpu.Stream of {self._device!r}, got {stream!r}")
+        if stream.is_closed:
+            raise ClosedResourceError(f"{stream!r} is closed")
         with stream._context():
             self._driver.latch_block(stream.handle, self._handle)
         self._markers.append(stream.record())

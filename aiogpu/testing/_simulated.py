@@ -425,7 +425,10 @@ class SimulatedDriver:
             self._current_context("cuMemHostAlloc")
             if nbytes <= 0:
                 raise cuda_error(_driver.result_code("CUDA_ERROR_INVALID_VALUE"), "cuMemHostAlloc")
-            buffer = ctypes.create_string_buffer(nbytes)
+            try:
+                buffer = ctypes.create_string_buffer(nbytes)
+            except (MemoryError, OverflowError):
+                raise cuda_error(_driver.result_code("CUDA_ERROR_OUT_OF_MEMORY"), "cuMemHostAlloc") from None
             self._host_buffers[ctypes.addressof(buffer)] = buffer
             return ctypes.addressof(buffer)
 
