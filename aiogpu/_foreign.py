@@ -76,11 +76,11 @@ def _address_of(handle: object) -> int:
     return _check_address(address)
 
 
-def _check_address(handle: object) -> int:
+def _check_address(handle: object, what: str = "an event handle") -> int:
     if isinstance(handle, bool) or not isinstance(handle, int):
-        raise TypeError(f"an event handle is an int address, got {handle!r}")
+        raise TypeError(f"{what} is an int address, got {handle!r}")
     if not 0 <= handle < 2**64:
-        raise ValueError(f"an event handle is a 64-bit address, got {handle}")
+        raise ValueError(f"{what} is a 64-bit address, got {handle}")
     return handle
 
 
@@ -99,7 +99,7 @@ def describe_array(obj: object) -> DeviceArray:
         for what, value in (("device pointer", pointer), ("nbytes", nbytes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise TypeError(f"a raw device buffer is (device pointer, nbytes) of non-negative ints; {what} is {value!r}")
-        return DeviceArray(_check_address(pointer), nbytes, readonly=False)
+        return DeviceArray(_check_address(pointer, "a device pointer"), nbytes, readonly=False)
     interface = getattr(obj, "__cuda_array_interface__", None)
     if not isinstance(interface, dict):
         raise TypeError(
@@ -133,4 +133,4 @@ def describe_array(obj: object) -> DeviceArray:
             stride for stride, extent in zip(strides, shape, strict=True) if extent > 1
         ) != tuple(stride for stride, extent in zip(reversed(expected), shape, strict=True) if extent > 1):
             raise ValueError(f"the CUDA array is not C-contiguous (strides {strides}); make a contiguous copy first")
-    return DeviceArray(_check_address(pointer or 0), count * itemsize, bool(readonly))
+    return DeviceArray(_check_address(pointer or 0, "a CUDA array's data pointer"), count * itemsize, bool(readonly))

@@ -24,6 +24,7 @@ from . import _foreign
 from ._device import Device, check_int
 from ._errors import ClosedResourceError
 from ._stream import Stream
+from ._wait import check_strategy
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -285,7 +286,7 @@ async def copy_to_host(source: object, *, after: Stream, pool: PinnedPool, strat
         it has.
     """
     array = _foreign.describe_array(source)
-    _check_transfer(after, pool, array)
+    _check_transfer(after, pool, array, strategy)
     buffer = pool.take(array.nbytes)
     await _copy(pool, after, buffer.pointer, array.pointer, array.nbytes, buffer, strategy, owned=True)
     return buffer
@@ -320,7 +321,7 @@ async def copy_to_device(
     array = _foreign.describe_array(destination)
     if array.readonly:
         raise ValueError("the destination CUDA array is read-only")
-    _check_transfer(after, pool, array)
+    _check_transfer(after, pool, array, strategy)
     if isinstance(source, PinnedBuffer):
         if source._pool is None:
             raise ClosedResourceError("the source PinnedBuffer was given back to its pool")
@@ -340,7 +341,10 @@ async def copy_to_device(
     staging.release()
 
 
-def _check_transfer(after: Stream, pool: PinnedPool, array: _foreign.DeviceArray) -> None:
+def _check_transfer(after: Stream, pool: PinnedPool, array: _foreign.DeviceArray, strategy: object) -> None:
+    """Refuse bad arguments before anything is taken or enqueued."""
+    if strategy is not None:
+        check_strategy(strategy)
     if not isinstance(pool, PinnedPool):
         raise TypeError(f"pool must be an aiogpu.PinnedPool, got {pool!r}")
     pool._check_producer(after)

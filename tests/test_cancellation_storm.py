@@ -104,7 +104,7 @@ def test_cancellation_storm_leaves_nothing_behind() -> None:
     assert (pool.threads, pool.queued_jobs, pool.running_jobs, pool.subscribers) == (0, 0, 0, 0), pool
     assert not _doorbell.doorbell()._listeners, "a watcher still listens to the doorbell"
     statistics = sim.statistics()
-    helpers = len(_helpers._helpers.get((id(sim), device._context), []))
+    helpers = len(_helpers.helper_streams(sim, device._context))
     assert helpers <= _helpers.KEEP_IDLE_HELPERS
     assert (statistics.live_events, statistics.live_streams - helpers) == (0, 0), statistics
     assert statistics.lifetime_violations == 0

@@ -27,7 +27,7 @@ def live_handles(device: aiogpu.Device) -> tuple[int, int] | None:
     if statistics is None:
         return None
     snapshot = statistics()
-    helpers = len(_helpers._helpers.get((id(device._driver), device._context), []))
+    helpers = len(_helpers.helper_streams(device._driver, device._context))
     assert helpers <= _helpers.KEEP_IDLE_HELPERS
     return snapshot.live_events, snapshot.live_streams - helpers
 
@@ -96,7 +96,7 @@ async def test_dropped_event_whose_wait_was_cancelled_with_a_host_function_enque
 
 async def test_a_burst_of_callback_waits_leaves_a_bounded_pool_of_helper_streams(device: aiogpu.Device) -> None:
     burst = _helpers.KEEP_IDLE_HELPERS + 8
-    pool = _helpers._helpers.setdefault((id(device._driver), device._context), [])
+    pool = _helpers.helper_streams(device._driver, device._context)
     streams = [aiogpu.Stream(device) for _ in range(burst)]
 
     async def armed_waits(held: list[aiogpu.Stream]) -> None:

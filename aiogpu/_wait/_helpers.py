@@ -13,6 +13,7 @@ loop blocked there could never release them. Helper streams are reused once idle
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING
 
 from .. import _driver
@@ -28,7 +29,9 @@ if TYPE_CHECKING:
     from ._doorbell import Doorbell
 
 _armer = PerProcess(lambda: Timer("aiogpu-armer")).get
-_helpers: dict[tuple[int, int], list[int]] = {}  # only touched on the armer thread
+#: Helper streams per driver and context (only touched on the armer thread); a driver that is
+#: gone takes its handles with it, so a later driver can never be handed them.
+_helpers: weakref.WeakKeyDictionary[Driver, dict[int, list[int]]] = weakref.WeakKeyDictionary()
 #: Idle helper streams kept per device for the next armed waits; more are destroyed.
 KEEP_IDLE_HELPERS = 16
 
@@ -45,15 +48,20 @@ def _arm(target: WaitTarget, doorbell: Doorbell, poke: Callable[[], None]) -> No
         helper = _idle_helper(driver, device)
         driver.stream_wait_event(helper, target._handle)
         driver.launch_host_function(helper, doorbell.function, doorbell.address)
-        _helpers.setdefault((id(driver), device._context), []).append(helper)
+        helper_streams(driver, device._context).append(helper)
     except Exception:  # a lost context: the watcher's query will report it
         poke()
     finally:
         target._lifetime.release()
 
 
+def helper_streams(driver: Driver, context: int) -> list[int]:
+    """The helper streams of ``context`` (idle ones and ones still waiting to ring)."""
+    return _helpers.setdefault(driver, {}).setdefault(context, [])
+
+
 def _idle_helper(driver: Driver, device: Device) -> int:
-    helpers = _helpers.get((id(driver), device._context), [])
+    helpers = helper_streams(driver, device._context)
     idle = [helper for helper in helpers if driver.stream_query(helper)]
     for extra in idle[KEEP_IDLE_HELPERS:]:  # a burst of armed waits is over: give its streams back
         helpers.remove(extra)

@@ -92,6 +92,9 @@ class Latch:
         if not self._closed:
             self._driver.latch_release(self._handle)
 
+    def __reduce__(self) -> tuple[object, ...]:
+        raise TypeError("a Latch cannot be copied or pickled: it owns its handle; share the object itself")
+
     def close(self) -> None:
         """Release the latch and free it once no stream can still be reading it. Idempotent."""
         if self._closed:
