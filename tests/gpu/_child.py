@@ -125,6 +125,30 @@ async def fault_under_awaiters(strategy: aiogpu.WaitStrategy) -> dict[str, Any]:
     }
 
 
+#: Every awaiter must have its CudaError this soon after the faulting kernel is let run.
+FAULT_REPORTED_WITHIN_MS = 200
+
+
+def check_fault_report(report: dict[str, Any], strategy: str, loop: str) -> None:
+    """What :func:`fault_under_awaiters` must have seen, on the GPU and on the simulator alike."""
+    assert report["loop"] == loop
+    assert report["pending_before_release"], "the events completed before the latch was released"
+    outcomes = report["outcomes"]
+    assert len(outcomes) == STREAMS * EVENTS_PER_STREAM * AWAITERS_PER_EVENT == 100, outcomes
+    for outcome in outcomes:
+        assert outcome["raised"] == "CudaError", outcome
+        assert outcome["is_context_lost"], outcome
+        assert outcome["says_unusable"], outcome  # the message says the context is gone for good
+        assert outcome["after_ms"] <= FAULT_REPORTED_WITHIN_MS, outcome
+    assert report["distinct_errors"] == len(outcomes), "awaiters shared an exception object"
+    assert report["max_tick_gap_ms"] < 50, report  # the loop kept serving the ticker throughout
+    slowest = max(outcome["after_ms"] for outcome in outcomes)
+    print(
+        f"{strategy}/{loop}: last of 100 awaiters raised {slowest:.1f} ms after the fault was let run; "
+        f"ticker's longest gap {report['max_tick_gap_ms']:.1f} ms"
+    )
+
+
 # -- the far end of an interprocess event ----------------------------------------------------
 def await_shared_event(shared: aiogpu.Event | aiogpu.IpcEventHandle, strategy: aiogpu.WaitStrategy, reports: Queue[str]) -> None:
     """Open an event exported by the parent, report ``"waiting"`` while awaiting it, then ``"done"``.

@@ -1,0 +1,28 @@
+"""A kernel fault on the simulated device under 100 tasks awaiting events on 4 streams, every
+strategy on every loop: each task raises its own sticky ``CudaError`` promptly and the loop keeps
+serving a ticker task. The same scenario as tests/gpu/test_faults.py, which runs it on the GPU in
+child processes (a real fault kills the process's context; the simulator's only its own).
+"""
+
+from __future__ import annotations
+
+from importlib.util import find_spec
+
+import anyio
+import pytest
+
+import aiogpu
+from aiogpu.testing import SimulatedDriver
+from tests.gpu._child import LOOPS, check_fault_report, fault_under_awaiters
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "loop",
+    [pytest.param(name, marks=pytest.mark.skipif(find_spec(name) is None, reason=f"{name} is not installed")) for name in LOOPS],
+)
+def test_fault_raises_a_sticky_cuda_error_in_every_awaiter(strategy: aiogpu.WaitStrategy, loop: str) -> None:
+    backend, options = LOOPS[loop]
+    with SimulatedDriver().installed():
+        report = anyio.run(fault_under_awaiters, strategy, backend=backend, backend_options=options)
+    check_fault_report(report, strategy, loop)
