@@ -288,7 +288,10 @@ def soak(kind: str, awaits: int, strategy: str, loop: str, work: float | None = 
         "awaits_per_s": round(runner.done / elapsed, 1) if elapsed > 0 else None,
         "python": platform.python_version(),
     }
-    if sim is not None:
+    if sim is not None:  # once abandoned waiter jobs are over and idle waiter threads gone (with their helper events)
+        settled = _thread.pool()
+        report["waiter_jobs_settled"] = settled.wait_quiet(30.0)
+        settled.stop_idle_threads()
         statistics = sim.statistics()
         report["sim_live_events"] = statistics.live_events
         report["sim_live_streams"] = statistics.live_streams

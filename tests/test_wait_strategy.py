@@ -102,11 +102,13 @@ async def test_auto_watches_earlier_when_its_timed_wake_ups_arrive_late(
     call_at = _timer.Timer.call_at
     monkeypatch.setattr(_timer.Timer, "call_at", lambda self, when, callback: call_at(self, when + late, callback))
     with aiogpu.Stream(sim.device(0)) as stream:
+        watcher = _watcher.current()
         with anyio.fail_after(10):
-            for _ in range(4):  # learn the duration, then park on the (late) timer
+            for round_ in range(30):  # learn the duration, then park on the (late) timer
                 sim.launch(stream, seconds=0.04)
                 await stream.record().wait(strategy="auto")
-        watcher = _watcher.current()
+                if round_ >= 3 and watcher._lateness:
+                    break  # a busy machine can make a wake-up later than LATENESS_MAX: not a sample
         assert watcher._lateness, "no precise wake-up was timed"
         assert max(watcher._lateness) >= late
         sim.launch(stream, seconds=0.04)

@@ -386,3 +386,34 @@ async def test_cupy_array_round_trip_through_pinned_memory(gpu: aiogpu.Device) -
             copied = await aiogpu.copy_to_host(array, after=stream, pool=pool)
         assert numpy.array_equal(numpy.frombuffer(copied.view(), dtype=numpy.float64), values)
         copied.release()
+
+
+@pytest.mark.anyio
+async def test_raw_device_buffer_round_trip_through_pinned_memory(gpu: aiogpu.Device) -> None:
+    """A ``(device_pointer, nbytes)`` pair from ``cuMemAlloc``: no library in between."""
+    gpu.set_current()
+    result, pointer = cu.cuMemAlloc(4096)
+    check(result)
+    data = bytes(range(256)) * 16
+    try:
+        with aiogpu.PinnedPool(gpu) as pool, aiogpu.Stream(gpu) as stream:
+            with anyio.fail_after(TIMEOUT):
+                await aiogpu.copy_to_device((int(pointer), 4096), data, after=stream, pool=pool)
+                with await aiogpu.copy_to_host((int(pointer), 4096), after=stream, pool=pool) as copied:
+                    assert bytes(copied.view()) == data
+    finally:
+        check(cu.cuMemFree(pointer)[0])
+
+
+@pytest.mark.anyio
+async def test_numba_array_round_trip_through_pinned_memory(gpu: aiogpu.Device) -> None:
+    numba_cuda = import_library("numba.cuda")
+    numpy = import_library("numpy")
+    values = numpy.arange(1000, dtype=numpy.float32) / 7
+    with aiogpu.PinnedPool(gpu) as pool, aiogpu.Stream(gpu) as stream, numba_cuda.gpus[gpu.ordinal]:
+        array = numba_cuda.device_array(1000, dtype=numpy.float32)
+        with anyio.fail_after(TIMEOUT):
+            await aiogpu.copy_to_device(array, values, after=stream, pool=pool)
+            with await aiogpu.copy_to_host(array, after=stream, pool=pool) as copied:
+                assert numpy.array_equal(numpy.frombuffer(copied.view(), dtype=numpy.float32), values)
+        assert numpy.array_equal(array.copy_to_host(), values)  # Numba sees what was copied in
