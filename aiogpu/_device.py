@@ -105,7 +105,11 @@ class Device:
 
     @staticmethod
     def count(*, driver: Driver | None = None) -> int:
-        """How many CUDA devices this process can see (0 if there is no driver or device)."""
+        """How many CUDA devices this process can see (0 if there is no driver or device).
+
+        Raises:
+            TypeError: ``driver`` is not an aiogpu driver.
+        """
         driver = _check_driver(driver)
         try:
             driver.init()

@@ -170,9 +170,10 @@ def fail_every_call_after_fork(driver: object) -> None:
     fail: a driver lock held by one of the parent's threads at the fork (a waiter thread parked
     in ``cuEventSynchronize``) is held forever in the child, so the call hangs (seen on an H200).
     """
-    for name, member in vars(type(driver)).items():
-        if not name.startswith("_") and callable(member):
-            setattr(driver, name, _fails_after_fork(name))
+    for cls in type(driver).__mro__[:-1]:  # a subclass inherits calls too (object has none)
+        for name, member in vars(cls).items():
+            if not name.startswith("_") and (callable(member) or isinstance(member, (staticmethod, classmethod))):
+                setattr(driver, name, _fails_after_fork(name))
 
 
 def _fails_after_fork(name: str) -> Callable[..., Any]:

@@ -111,20 +111,26 @@ def describe_array(obj: object) -> DeviceArray:
         shape = tuple(interface["shape"])
         typestr = interface["typestr"]
         strides = interface.get("strides")
+        strides = None if strides is None else tuple(strides)
     except (KeyError, TypeError, ValueError):
         raise TypeError(
             f"{type(obj).__name__}.__cuda_array_interface__ lacks a valid 'data' (pointer, read-only), 'shape' or 'typestr'"
         ) from None
     if not all(isinstance(extent, int) and not isinstance(extent, bool) and extent >= 0 for extent in shape):
         raise TypeError(f"the CUDA array's shape must be non-negative ints, got {shape!r}")
-    if not (isinstance(typestr, str) and len(typestr) >= 3 and typestr[2:].isdigit() and int(typestr[2:]) > 0):
+    if not (
+        isinstance(typestr, str)
+        and len(typestr) >= 3
+        and typestr[2:].isascii()
+        and typestr[2:].isdecimal()
+        and int(typestr[2:]) > 0
+    ):
         raise TypeError(f"the CUDA array's typestr must look like '<f4', got {typestr!r}")
     itemsize = int(typestr[2:])
     count = 1
     for extent in shape:
         count *= extent
     if strides is not None and count > 1:
-        strides = tuple(strides)
         expected, step = [], itemsize
         for extent in reversed(shape):
             expected.append(step)

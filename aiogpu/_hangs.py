@@ -42,7 +42,7 @@ class PendingWait:
     waiters: int
     #: The wait strategy watching it.
     strategy: str
-    _key: tuple[int, int] = field(repr=False, compare=False)
+    _key: int = field(repr=False, compare=False)  # the wait's serial number: reported once
 
 
 def pending_waits() -> list[PendingWait]:
@@ -57,25 +57,30 @@ def pending_waits() -> list[PendingWait]:
         event: Event = entry.target  # type: ignore[assignment]
         stream_key = entry.target._stream_key
         stream = stream_key[1] if isinstance(stream_key, tuple) and stream_key[0] != "event" else None
-        waits.append(
-            PendingWait(
-                event, stream, event.device, now - entry.started, len(entry.signals), entry.mode, (id(event), entry.generation)
-            )
-        )
+        waits.append(PendingWait(event, stream, event.device, now - entry.started, len(entry.signals), entry.mode, entry.serial))
     return waits
 
 
 def _log_hang(wait: PendingWait) -> None:
     stream = "its owner's stream" if wait.stream is None else f"stream {wait.stream:#x}"
     logger.warning(
-        "a GPU wait has been pending for %.1f s: %r on %s of device %d (%d waiting tasks, strategy %r)",
+        "a GPU wait has been pending for %.1f s: %s on %s of device %d (%d waiting tasks, strategy %r)",
         wait.age,
-        wait.event,
+        repr(wait.event),
         stream,
         wait.device.ordinal,
         wait.waiters,
         wait.strategy,
-        extra={"aiogpu_wait": wait},
+        # Plain values only: handlers that pickle records (QueueHandler, SocketHandler) cannot
+        # pickle an Event.
+        extra={
+            "aiogpu_event": repr(wait.event),
+            "aiogpu_stream": wait.stream,
+            "aiogpu_device": wait.device.ordinal,
+            "aiogpu_age": wait.age,
+            "aiogpu_waiters": wait.waiters,
+            "aiogpu_strategy": wait.strategy,
+        },
     )
 
 
@@ -85,9 +90,10 @@ async def watch_for_hangs(
     """Report every wait of the running loop that stays pending longer than ``threshold``, once.
 
     Run it as a task for the life of the loop (it returns only by cancellation). By default a
-    report is a ``WARNING`` record on the ``"aiogpu"`` logger, with the :class:`PendingWait` as
-    its ``aiogpu_wait`` attribute; pass ``on_hang`` to do something else, for example to make
-    the health check fail. To look without reporting, call :func:`pending_waits`.
+    report is a ``WARNING`` record on the ``"aiogpu"`` logger, with the wait's details as plain
+    attributes (``aiogpu_event`` (its repr), ``aiogpu_stream``, ``aiogpu_device``, ``aiogpu_age``,
+    ``aiogpu_waiters``, ``aiogpu_strategy``); pass ``on_hang`` to do something else, for example
+    to make the health check fail. To look without reporting, call :func:`pending_waits`.
 
     Args:
         threshold: Seconds a wait may stay pending before it is reported.
@@ -104,7 +110,7 @@ async def watch_for_hangs(
     if on_hang is not None and not callable(on_hang):
         raise TypeError(f"on_hang must be callable, got {on_hang!r}")
     report = _log_hang if on_hang is None else on_hang
-    reported: set[tuple[int, int]] = set()
+    reported: set[int] = set()
     while True:
         await anyio.sleep(interval)
         waits = pending_waits()

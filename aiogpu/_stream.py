@@ -11,6 +11,7 @@ host. aiogpu keeps "wait" for host-side awaiting and ``wait_for`` for device-sid
 
 from __future__ import annotations
 
+import itertools
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, final
 
@@ -26,6 +27,10 @@ if TYPE_CHECKING:
 
     from ._driver import Driver
     from ._wait import WaitStrategy
+
+
+#: Serial numbers of the streams aiogpu creates (``Stream._wait_key``).
+_created = itertools.count(1)
 
 
 def foreign_stream_handle(obj: object) -> int:
@@ -77,13 +82,18 @@ class Stream:
         ValueError: ``priority`` is outside the device's range.
     """
 
-    __slots__ = ("__weakref__", "_device", "_driver", "_handle", "_lifetime", "_owner")
+    __slots__ = ("__weakref__", "_device", "_driver", "_handle", "_lifetime", "_owner", "_wait_key")
 
     _device: Device
     _driver: Driver
     _handle: int
     _lifetime: HandleLifetime
     _owner: object
+    #: Identifies the stream to the wake engine, which queues waits per stream and relies on
+    #: each queue completing in order. CUDA reuses a destroyed stream's address at once, so a
+    #: stream aiogpu creates is told apart from every earlier one by a serial number; wrappers
+    #: of the same foreign stream share its key (and what the engine learned about it).
+    _wait_key: tuple[int, int, int]
 
     def __init__(self, device: Device | None = None, *, priority: int | None = None, nonblocking: bool = False) -> None:
         if device is None:
@@ -104,6 +114,7 @@ class Stream:
         self._driver = driver
         self._handle = handle
         self._owner = None
+        self._wait_key = (id(device), handle, next(_created))
         self._lifetime = HandleLifetime(self, "Stream", handle, driver.stream_destroy)
 
     @classmethod
@@ -113,6 +124,7 @@ class Stream:
         self._driver = device._driver
         self._handle = handle
         self._owner = owner  # keeps the foreign stream alive as long as we use it
+        self._wait_key = (id(device), handle, 0)
         self._lifetime = HandleLifetime(self, "Stream", handle, None)
         return self
 
@@ -331,11 +343,6 @@ class Stream:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.close()
-
-    @property
-    def _wait_key(self) -> tuple[int, int]:
-        """Identifies the stream to the wake engine (which queues waits per stream)."""
-        return (id(self._device), self._handle)
 
     def _context(self) -> AbstractContextManager[None]:
         # Default-stream handles resolve through the current context: make ours current.

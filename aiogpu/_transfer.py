@@ -122,8 +122,9 @@ class PinnedPool:
         self._device = device
         self._idle: dict[int, list[int]] = {}  # size class -> pointers
         self._idle_bytes = 0
-        self._in_flight: dict[int, tuple[Event, int]] = {}  # pointer -> (last copy's event, capacity)
-        self._side_streams: dict[tuple[int, int], Stream] = {}  # producer's wait key -> side stream
+        self._in_flight: dict[int, tuple[list[Event], int]] = {}  # pointer -> (its copies' events, capacity)
+        self._in_flight_lock = threading.Lock()  # after close, a thread frees what is held here
+        self._side_streams: dict[tuple[int, int, int], Stream] = {}  # producer's wait key -> side stream
         self._closed = False
 
     @property
@@ -156,7 +157,9 @@ class PinnedPool:
         """The stream that copies ordered after ``after``'s work run on (created on first use).
 
         Copies after the same producer run in order on one side stream; copies after different
-        producers run on different side streams and do not wait for each other.
+        producers run on different side streams and do not wait for each other. The pool keeps
+        the side streams of the 16 producers used last: an older one is closed (its copies still
+        run), and that producer gets a new side stream next time.
         """
         self._check_open()
         self._check_producer(after)
@@ -187,27 +190,40 @@ class PinnedPool:
         """A copy's await was cancelled: keep its memory out of use until the GPU is done."""
         pointer, capacity = buffer._pointer, buffer._capacity
         buffer._pool = None  # the caller's buffer is gone; the pool takes it back when safe
-        if self._closed:  # nobody will reap it, and the loop must not block: a thread frees it
-            threading.Thread(target=self._free_when_done, args=(event, pointer), name="aiogpu-pinned-free", daemon=True).start()
-            return
-        held = self._in_flight.get(pointer)
-        if held is not None:  # another copy of the same memory: wait for the later one (same stream)
-            held[0].close()
-        self._in_flight[pointer] = (event, capacity)
+        # Copies of the same memory may run on different side streams (one per producer), in
+        # any order: the memory comes back once every one of them is done.
+        with self._in_flight_lock:
+            events = self._in_flight.setdefault(pointer, ([], capacity))[0]
+            events.append(event)
+            first = len(events) == 1
+        if self._closed and first:  # nobody will reap it, and the loop must not block: a thread frees it
+            threading.Thread(target=self._free_when_done, args=(pointer,), name="aiogpu-pinned-free", daemon=True).start()
 
     def _reap(self) -> None:
-        for pointer, (event, capacity) in list(self._in_flight.items()):
-            try:
-                done = event.is_done
-            except Exception:  # the context failed: the copy will never run
-                done = True
-            if done:
-                del self._in_flight[pointer]
-                event.close()
-                self._give_back(pointer, capacity)
+        with self._in_flight_lock:
+            for pointer, (events, capacity) in list(self._in_flight.items()):
+                for event in list(events):
+                    try:
+                        done = event.is_done
+                    except Exception:  # the context failed: the copy will never run
+                        done = True
+                    if done:
+                        events.remove(event)
+                        event.close()
+                if not events:
+                    del self._in_flight[pointer]
+                    self._give_back(pointer, capacity)
 
-    def _free_when_done(self, event: Event, pointer: int) -> None:
-        _finish_quietly(event)
+    def _free_when_done(self, pointer: int) -> None:
+        """On a thread, after close: free ``pointer`` once every copy held on it is over."""
+        while True:
+            with self._in_flight_lock:
+                events = self._in_flight[pointer][0]
+                if not events:
+                    del self._in_flight[pointer]
+                    break
+                event = events.pop()
+            _finish_quietly(event)
         self._free(pointer)
 
     def _free(self, pointer: int) -> None:
@@ -223,10 +239,12 @@ class PinnedPool:
         if self._closed:
             return
         self._closed = True
-        for pointer, (event, _) in self._in_flight.items():
-            _finish_quietly(event)
+        with self._in_flight_lock:
+            in_flight, self._in_flight = self._in_flight, {}
+        for pointer, (events, _) in in_flight.items():
+            for event in events:
+                _finish_quietly(event)
             self._free(pointer)
-        self._in_flight.clear()
         for pointers in self._idle.values():
             for pointer in pointers:
                 self._free(pointer)

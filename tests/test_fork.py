@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+import aiogpu
+
 ROOT = Path(__file__).resolve().parents[1]
 
 SCRIPT = textwrap.dedent(
@@ -126,3 +128,19 @@ def test_a_spawned_child_works() -> None:
     assert queue.get(timeout=50) is True
     child.join(10)
     assert child.exitcode == 0
+
+
+def test_calls_a_driver_subclass_inherits_fail_after_fork_too() -> None:
+    """The child-side hook, called directly: a subclass overriding one call inherits the rest."""
+    from aiogpu import _driver
+    from aiogpu.testing import SimulatedDriver
+
+    class CountingDriver(SimulatedDriver):
+        def event_query(self, event: int) -> bool:
+            return super().event_query(event)
+
+    driver = CountingDriver()
+    _driver.fail_every_call_after_fork(driver)
+    for call in (lambda: driver.event_query(0), lambda: driver.stream_create(0, 0), driver.init):
+        with pytest.raises(aiogpu.CudaError, match="fork"):
+            call()

@@ -7,6 +7,7 @@ A ``Latch`` that is never released (until clean-up) is the work that never finis
 from __future__ import annotations
 
 import logging
+import pickle
 import threading
 import time
 
@@ -115,7 +116,9 @@ async def test_hangs_are_logged_by_default(sim: SimulatedDriver, caplog: pytest.
         (record,) = caplog.records
         assert "a GPU wait has been pending for" in record.getMessage()
         assert f"stream {stream.handle:#x} of device 0" in record.getMessage()
-        assert record.aiogpu_wait.event is stuck  # type: ignore[attr-defined]
+        assert record.aiogpu_event == repr(stuck)  # type: ignore[attr-defined]
+        assert record.aiogpu_age >= 0.02  # type: ignore[attr-defined]
+        pickle.dumps(record)  # handlers that pickle records (QueueHandler, SocketHandler) can
         latch.release()
         stuck.close()
 

@@ -207,3 +207,17 @@ def test_repr(sim: SimulatedDriver) -> None:
     assert repr(sim.device(0).default_stream) == "<aiogpu.Stream device=0 handle=0x0 borrowed>"
     stream.close()
     assert repr(stream).endswith("closed>")
+
+
+def test_streams_aiogpu_creates_are_never_mistaken_for_earlier_ones(sim: SimulatedDriver) -> None:
+    """CUDA reuses a destroyed stream's address at once; the wake engine queues waits per stream
+    and relies on each queue completing in order, so a new stream must not share an old one's
+    queue. Wrappers of one foreign stream do share it (it is one stream)."""
+    device = sim.device(0)
+    first = aiogpu.Stream(device)
+    again = aiogpu.Stream._borrow(device, first.handle, owner=None)  # as if created at the same address
+    assert first._wait_key != again._wait_key
+    borrowed = [aiogpu.Stream.adopt(first.handle, device=device) for _ in range(2)]
+    assert borrowed[0]._wait_key == borrowed[1]._wait_key != first._wait_key
+    for stream in (*borrowed, again, first):
+        stream.close()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from functools import partial
 
 import anyio
 import pytest
@@ -96,6 +97,38 @@ async def test_a_copy_does_not_queue_behind_another_producers_unfinished_work(si
                 assert pool.side_stream(busy) is not pool.side_stream(ready)
                 latch.release()
         assert results["busy"] == b"busy" * 4
+
+
+async def test_memory_of_cancelled_copies_comes_back_only_when_every_copy_is_done(sim: SimulatedDriver) -> None:
+    """Two copies out of one buffer, after two producers (two side streams), both cancelled:
+    the one cancelled last may finish first; the memory must wait for the other one too."""
+    device = sim.device(0)
+    first, second = SimulatedArray(bytes(16)), SimulatedArray(bytes(16))
+    with (
+        aiogpu.PinnedPool(device) as pool,
+        aiogpu.Stream(device) as slow,
+        aiogpu.Stream(device) as fast,
+        Latch(device) as slow_latch,
+        Latch(device) as fast_latch,
+    ):
+        slow_latch.block(slow)
+        fast_latch.block(fast)
+        source = pool.take(16)
+        source.view()[:] = b"A" * 16
+        async with anyio.create_task_group() as tg:  # both copies enqueued, then both cancelled
+            tg.start_soon(partial(aiogpu.copy_to_device, first, source, after=slow, pool=pool))
+            tg.start_soon(partial(aiogpu.copy_to_device, second, source, after=fast, pool=pool))
+            await anyio.wait_all_tasks_blocked()
+            tg.cancel_scope.cancel()
+        fast_latch.release()
+        await pool.side_stream(fast).wait_idle()  # the copy cancelled last is done, the other is not
+        reused = pool.take(16)
+        assert reused.pointer != source.pointer  # still in use by the slow producer's copy
+        reused.view()[:] = b"B" * 16
+        slow_latch.release()
+        await pool.side_stream(slow).wait_idle()
+        assert first.contents() == second.contents() == b"A" * 16
+        reused.release()
 
 
 async def test_side_streams_are_kept_for_recent_producers_only(sim: SimulatedDriver) -> None:

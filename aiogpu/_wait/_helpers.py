@@ -7,8 +7,8 @@ host function: it rings as soon as the event's work is done and delays nobody.
 
 Arming runs on its own thread, never on the loop: creating a stream can block inside the driver
 while other streams are held (seen on an H200 with 32+ streams waiting on host memory), and a
-loop blocked there could never release them. Helper streams are reused once idle; beyond
-``KEEP_IDLE_HELPERS`` idle ones per device (after a burst of waits) they are destroyed.
+loop blocked there could never release them. Helper streams are reused once idle; when a wait
+is armed, idle ones beyond ``KEEP_IDLE_HELPERS`` per device (left by a burst of waits) are destroyed.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ Rules this file keeps:
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 import time
 import weakref
@@ -70,15 +71,19 @@ def _watch_past_prediction(estimate: float) -> float:
     return max(100e-6, 0.25 * estimate)
 
 
+_entry_serials = itertools.count()
+
+
 class _Entry:
     """One recording of one event that tasks of this loop are waiting for."""
 
-    __slots__ = ("error", "generation", "mode", "recorded_at", "sequence", "signals", "started", "target")
+    __slots__ = ("error", "generation", "mode", "recorded_at", "sequence", "serial", "signals", "started", "target")
 
     def __init__(self, target: WaitTarget, mode: Mode) -> None:
         self.target = target
         self.mode = mode
         self.started = time.monotonic()  # when the first task began waiting (hang reports)
+        self.serial = next(_entry_serials)  # tells this wait from every other one (hang reports)
         self.generation = target._generation
         self.recorded_at = target._recorded_at
         self.sequence = target._record_sequence

@@ -63,7 +63,8 @@ class Model:
             devices = [aiogpu.Device(ordinal) for ordinal in range(aiogpu.Device.count())]
         except aiogpu.CudaUnavailableError:
             devices = []
-        self._graphs: dict[aiogpu.Device, list[_Graph]] = {}  # free graphs per device, one per stream
+        self._graphs: dict[aiogpu.Device, list[_Graph]] = {}  # graphs not yet bound to a stream
+        self._graph_of: dict[aiogpu.Stream, _Graph] = {}  # each stream replays its own graph
         if devices:
             self.where = ", ".join(f"GPU {device.ordinal}: {device.name}" for device in devices)
             for device in devices:
@@ -127,8 +128,9 @@ class Model:
             task.add_done_callback(self._batches.discard)
 
     async def _run(self, stream: aiogpu.Stream, batch: list[_Request]) -> None:
-        graphs = self._graphs.get(stream.device)
-        graph = graphs.pop() if graphs else None  # one free per lent stream of the device
+        graph = self._graph_of.get(stream)
+        if graph is None and self._graphs.get(stream.device):  # one per stream of the device
+            graph = self._graph_of[stream] = self._graphs[stream.device].pop()
         try:
             outputs, done = self._enqueue(stream, graph, batch)
             if self.mode == "aiogpu":
@@ -145,8 +147,6 @@ class Model:
                     request.answer.set_exception(error)
             return
         finally:
-            if graphs is not None and graph is not None:
-                graphs.append(graph)  # its outputs were read (or the batch failed): the next batch may reuse it
             self.streams.release(stream)
         self.batches_run += 1
         for request, answer in zip(batch, answers, strict=True):
@@ -163,13 +163,15 @@ class Model:
             done = stream.record()
             return (lambda: [_stand_in(request.tokens) for request in batch]), done
         outputs = graph.enqueue(stream, [request.tokens for request in batch])
-        return outputs, stream.record()
+        graph.last = stream.record()
+        return outputs, graph.last
 
 
 class _Graph:
     """The network captured as a CUDA graph over a full padded batch, with its own buffers.
 
-    One batch at a time uses it: its input and output buffers are reused by the next.
+    Bound to one stream, so its batches run in order on the device; its host buffers are
+    reused by the next batch, which waits for the last one's copies if that batch was abandoned.
     """
 
     def __init__(self, network, device: aiogpu.Device, rows: int) -> None:  # type: ignore[no-untyped-def]
@@ -188,11 +190,14 @@ class _Graph:
         with torch.cuda.device(cuda), torch.cuda.graph(self.graph):
             self.outputs = network(self.ids)
         self.host_outputs = torch.empty(self.outputs.shape, dtype=self.outputs.dtype, pin_memory=True)
+        self.last: aiogpu.Event | None = None  # the last batch's completion
 
     def enqueue(self, stream: aiogpu.Stream, rows: list[list[int]]):  # type: ignore[no-untyped-def]
         """Copy ``rows`` in, replay, copy the outputs out, all on ``stream``; return the reader."""
         import torch
 
+        if self.last is not None and not self.last.is_closed and not self.last.is_done:  # after a cancelled batch only
+            self.last.synchronize()  # its copy may not have read host_ids yet
         self.host_ids.zero_()
         for row, tokens in enumerate(rows):
             self.host_ids[row, : len(tokens)] = torch.tensor(tokens)
