@@ -25,4 +25,8 @@ def test_fault_raises_a_sticky_cuda_error_in_every_awaiter(strategy: aiogpu.Wait
     backend, options = LOOPS[loop]
     with SimulatedDriver().installed():
         report = anyio.run(fault_under_awaiters, strategy, backend=backend, backend_options=options)
-    check_fault_report(report, strategy, loop)
+    # The simulator's waiter threads spin in Python, holding the GIL from the loop for up to a
+    # switch interval each (116 ms of ticker gap seen on a busy CI machine): the gap measures the
+    # simulator, not aiogpu. The ticker must still tick after the fault (fault_under_awaiters
+    # waits for that); tests/gpu/test_faults.py bounds the gap on the GPU.
+    check_fault_report(report, strategy, loop, max_tick_gap_ms=None)

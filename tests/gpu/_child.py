@@ -129,8 +129,9 @@ async def fault_under_awaiters(strategy: aiogpu.WaitStrategy) -> dict[str, Any]:
 FAULT_REPORTED_WITHIN_MS = 200
 
 
-def check_fault_report(report: dict[str, Any], strategy: str, loop: str) -> None:
-    """What :func:`fault_under_awaiters` must have seen, on the GPU and on the simulator alike."""
+def check_fault_report(report: dict[str, Any], strategy: str, loop: str, *, max_tick_gap_ms: float | None = 50.0) -> None:
+    """What :func:`fault_under_awaiters` must have seen, on the GPU and on the simulator alike
+    (``max_tick_gap_ms=None``: the ticker need only have gone on ticking after the fault)."""
     assert report["loop"] == loop
     assert report["pending_before_release"], "the events completed before the latch was released"
     outcomes = report["outcomes"]
@@ -141,7 +142,8 @@ def check_fault_report(report: dict[str, Any], strategy: str, loop: str) -> None
         assert outcome["says_unusable"], outcome  # the message says the context is gone for good
         assert outcome["after_ms"] <= FAULT_REPORTED_WITHIN_MS, outcome
     assert report["distinct_errors"] == len(outcomes), "awaiters shared an exception object"
-    assert report["max_tick_gap_ms"] < 50, report  # the loop kept serving the ticker throughout
+    if max_tick_gap_ms is not None:
+        assert report["max_tick_gap_ms"] < max_tick_gap_ms, report  # the loop kept serving the ticker throughout
     slowest = max(outcome["after_ms"] for outcome in outcomes)
     print(
         f"{strategy}/{loop}: last of 100 awaiters raised {slowest:.1f} ms after the fault was let run; "
