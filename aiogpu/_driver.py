@@ -221,7 +221,6 @@ class CudaDriver:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._initialized = False
-        _cuda_drivers.add(self)
         self._kernels: dict[int, dict[str, Any]] = {}  # context -> kernel name -> CUfunction
         self._latches: dict[int, int] = {}  # host pointer -> device pointer
         self._libcuda_handle: Any = None
@@ -247,6 +246,7 @@ class CudaDriver:
                 )
             raise cuda_error(err, "cuInit")
         self._initialized = True
+        refuse_after_fork(self)  # a child of a parent that never used CUDA may use it itself
 
     # -- devices and contexts -------------------------------------------------------------
     def device_count(self) -> int:
@@ -445,14 +445,19 @@ def swap_default_driver(driver: Driver | None) -> Driver | None:
         return previous
 
 
-#: Every CudaDriver, so that a forked child can refuse the ones its parent initialized.
-_cuda_drivers: weakref.WeakSet[CudaDriver] = weakref.WeakSet()
+#: Drivers a forked child must refuse: every initialized CudaDriver, every SimulatedDriver.
+_refused_after_fork: weakref.WeakSet[object] = weakref.WeakSet()
+
+
+def refuse_after_fork(driver: object) -> None:
+    """Make ``driver`` refuse every call in children forked from now on (see
+    :func:`fail_every_call_after_fork`)."""
+    _refused_after_fork.add(driver)
 
 
 def _after_fork_in_child() -> None:
-    for driver in list(_cuda_drivers):
-        if driver._initialized:  # a child of a parent that never used CUDA may use it itself
-            fail_every_call_after_fork(driver)
+    for driver in list(_refused_after_fork):
+        fail_every_call_after_fork(driver)
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

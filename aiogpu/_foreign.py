@@ -36,16 +36,16 @@ def describe_event(obj: object) -> ForeignEvent:
     if isinstance(obj, bool):
         raise TypeError(f"cannot adopt {obj!r} as an event")
     if isinstance(obj, int):
-        return ForeignEvent(_check_address(obj), None, 0, recorded=True)
+        return ForeignEvent(check_address(obj), None, 0, recorded=True)
     module = type(obj).__module__ or ""
     name = type(obj).__name__
     if module.startswith("torch") and hasattr(obj, "cuda_event"):
-        handle = _check_address(obj.cuda_event)
+        handle = check_address(obj.cuda_event)
         device = getattr(obj, "device", None)
         ordinal = getattr(device, "index", None) if device is not None else None
         return ForeignEvent(handle, ordinal, 0, recorded=handle != 0)
     if module.startswith("cupy") and hasattr(obj, "ptr"):
-        return ForeignEvent(_check_address(obj.ptr), None, 0, recorded=True)
+        return ForeignEvent(check_address(obj.ptr), None, 0, recorded=True)
     if module.startswith("cuda.core") and hasattr(obj, "handle"):
         flags = (
             (EVENT_DISABLE_TIMING if getattr(obj, "is_timing_disabled", False) else 0)
@@ -68,15 +68,15 @@ def _address_of(handle: object) -> int:
     """The address in a handle object: a ``CUevent`` (``int()`` of it), a ctypes ``c_void_p``
     (Numba's own binding) or an int."""
     if isinstance(handle, ctypes.c_void_p):
-        return _check_address(handle.value or 0)
+        return check_address(handle.value or 0)
     try:
         address = int(handle)  # type: ignore[call-overload]
     except (TypeError, ValueError, OverflowError):
         raise TypeError(f"an event handle is an address (an int, a CUevent), got {handle!r}") from None
-    return _check_address(address)
+    return check_address(address)
 
 
-def _check_address(handle: object, what: str = "an event handle") -> int:
+def check_address(handle: object, what: str = "an event handle") -> int:
     if isinstance(handle, bool) or not isinstance(handle, int):
         raise TypeError(f"{what} is an int address, got {handle!r}")
     if not 0 <= handle < 2**64:
@@ -99,7 +99,7 @@ def describe_array(obj: object) -> DeviceArray:
         for what, value in (("device pointer", pointer), ("nbytes", nbytes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise TypeError(f"a raw device buffer is (device pointer, nbytes) of non-negative ints; {what} is {value!r}")
-        return DeviceArray(_check_address(pointer, "a device pointer"), nbytes, readonly=False)
+        return DeviceArray(check_address(pointer, "a device pointer"), nbytes, readonly=False)
     interface = getattr(obj, "__cuda_array_interface__", None)
     if not isinstance(interface, dict):
         raise TypeError(
@@ -139,4 +139,4 @@ def describe_array(obj: object) -> DeviceArray:
             stride for stride, extent in zip(strides, shape, strict=True) if extent > 1
         ) != tuple(stride for stride, extent in zip(reversed(expected), shape, strict=True) if extent > 1):
             raise ValueError(f"the CUDA array is not C-contiguous (strides {strides}); make a contiguous copy first")
-    return DeviceArray(_check_address(pointer or 0, "a CUDA array's data pointer"), count * itemsize, bool(readonly))
+    return DeviceArray(check_address(pointer or 0, "a CUDA array's data pointer"), count * itemsize, bool(readonly))

@@ -51,7 +51,7 @@ def pending_waits() -> list[PendingWait]:
     Raises:
         RuntimeError: No asyncio, uvloop or trio loop is running in this thread.
     """
-    now = time.monotonic()
+    now = time.perf_counter()  # the engine's clock
     waits = []
     for entry in _watcher.current().pending():
         event: Event = entry.target  # type: ignore[assignment]

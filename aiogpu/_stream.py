@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, final
 from ._device import Device, check_int
 from ._driver import DEFAULT_STREAM_HANDLES, STREAM_NON_BLOCKING, default_driver
 from ._event import Event, _check_flag
+from ._foreign import check_address
 from ._lifetime import HandleLifetime
 from ._wait import _predict
 
@@ -38,7 +39,7 @@ def foreign_stream_handle(obj: object) -> int:
     if isinstance(obj, bool):
         raise TypeError(f"cannot adopt {obj!r} as a stream")
     if isinstance(obj, int):
-        return _check_address(obj)
+        return check_address(obj, "a stream handle")
     protocol = getattr(type(obj), "__cuda_stream__", None)
     if protocol is None:
         raise TypeError(
@@ -53,13 +54,7 @@ def foreign_stream_handle(obj: object) -> int:
         raise TypeError(f"{type(obj).__name__}.__cuda_stream__() must return (version, handle) ints, got {info!r}")
     if info[0] != 0:
         raise ValueError(f"{type(obj).__name__}.__cuda_stream__() has protocol version {info[0]}; aiogpu understands version 0")
-    return _check_address(info[1])
-
-
-def _check_address(handle: int) -> int:
-    if not 0 <= handle < 2**64:
-        raise ValueError(f"a stream handle is a 64-bit address, got {handle}")
-    return int(handle)
+    return check_address(info[1], "a stream handle")
 
 
 @final

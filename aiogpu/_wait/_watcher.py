@@ -79,10 +79,10 @@ class _Entry:
 
     __slots__ = ("error", "generation", "mode", "recorded_at", "sequence", "serial", "signals", "started", "target")
 
-    def __init__(self, target: WaitTarget, mode: Mode) -> None:
+    def __init__(self, target: WaitTarget, mode: Mode, now: float) -> None:
         self.target = target
         self.mode = mode
-        self.started = time.monotonic()  # when the first task began waiting (hang reports)
+        self.started = now  # time.perf_counter() when the first task began waiting (hang reports)
         self.serial = next(_entry_serials)  # tells this wait from every other one (hang reports)
         self.generation = target._generation
         self.recorded_at = target._recorded_at
@@ -136,9 +136,10 @@ class Watcher:
         signal = self._backend.new_signal()
         entry = self._entries.get(key)
         if entry is None:
-            entry = self._entries[key] = _Entry(target, mode)
+            now = time.perf_counter()
+            entry = self._entries[key] = _Entry(target, mode, now)
             entry.signals[signal] = None  # before it is planned: a head without waiters is skipped
-            self._enqueue(entry, time.perf_counter())
+            self._enqueue(entry, now)
         else:
             entry.signals[signal] = None
         try:

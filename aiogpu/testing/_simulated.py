@@ -24,10 +24,8 @@ from __future__ import annotations
 import ctypes
 import itertools
 import math
-import os
 import threading
 import time
-import weakref
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -178,17 +176,6 @@ class SimulatedWork:
                 self._driver._changed.notify_all()
 
 
-#: Every SimulatedDriver alive, so a forked child can make them fail as CUDA fails there.
-_live_drivers: weakref.WeakSet[SimulatedDriver] = weakref.WeakSet()
-
-
-def _fail_after_fork() -> None:
-    """In a child created by ``fork()``: every call of every simulated driver raises
-    ``CUDA_ERROR_NOT_INITIALIZED``, as CUDA does in a child of a parent that used it."""
-    for driver in list(_live_drivers):
-        _driver.fail_every_call_after_fork(driver)
-
-
 class SimulatedDriver:
     """A pure-Python CUDA driver with CUDA's semantics, for testing without a GPU.
 
@@ -239,7 +226,7 @@ class SimulatedDriver:
         self._synchronizing: dict[int, int] = {}  # event handle -> threads synchronizing on it
         self._violations = 0
         self._current = threading.local()
-        _live_drivers.add(self)
+        _driver.refuse_after_fork(self)  # CUDA cannot be used in a forked child: neither can this
 
     # -- test controls --------------------------------------------------------------------
     def device(self, ordinal: int = 0) -> Device:
@@ -758,6 +745,3 @@ def _check_seconds(name: str, value: object) -> float:
 
 def _running_event_loop() -> bool:
     return running_asyncio_loop() is not None or in_trio_run() is not None
-
-
-os.register_at_fork(after_in_child=_fail_after_fork)
