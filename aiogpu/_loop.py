@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import types
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Callable, Generator
 
 
 class Signal(Protocol):
@@ -32,7 +33,7 @@ class Backend(Protocol):
     def waker(self, callback: Callable[[], object]) -> None: ...
     def new_signal(self) -> Signal: ...
     def spawn_system_task(self, function: Callable[[], Awaitable[None]]) -> None: ...
-    async def yield_now(self) -> None: ...
+    def yield_now(self) -> Awaitable[None]: ...
     async def wait_signal(self, signal: Signal, timeout: float) -> None: ...
 
 
@@ -72,8 +73,8 @@ class AsyncioBackend:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def yield_now(self) -> None:
-        await asyncio.sleep(0)
+    def yield_now(self) -> Awaitable[None]:
+        return _yield_to_asyncio()
 
     async def wait_signal(self, signal: Signal, timeout: float) -> None:
         handle = self._loop.call_later(timeout, signal.set)
@@ -81,6 +82,12 @@ class AsyncioBackend:
             await signal.wait()
         finally:
             handle.cancel()
+
+
+@types.coroutine
+def _yield_to_asyncio() -> Generator[None, None, None]:
+    """What ``asyncio.sleep(0)`` does, without its two coroutine frames (the close watch's beat)."""
+    yield
 
 
 class TrioBackend:
@@ -100,8 +107,8 @@ class TrioBackend:
     def spawn_system_task(self, function: Callable[[], Awaitable[None]]) -> None:
         self._trio.lowlevel.spawn_system_task(function)
 
-    async def yield_now(self) -> None:
-        await self._trio.lowlevel.checkpoint()
+    def yield_now(self) -> Awaitable[None]:
+        return self._trio.lowlevel.checkpoint()  # type: ignore[no-any-return]
 
     async def wait_signal(self, signal: Signal, timeout: float) -> None:
         with self._trio.move_on_after(timeout):

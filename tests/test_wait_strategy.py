@@ -123,3 +123,49 @@ async def test_auto_watches_earlier_when_its_timed_wake_ups_arrive_late(
             assert lead == pytest.approx(_watcher.LEAD["auto"] + min(max(watcher._lateness), 0.15 * estimate))
             assert lead >= _watcher.LEAD["auto"] + late
         await event
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("strategy", ["auto", "poll", "thread", "callback"])
+async def test_a_released_backlog_costs_a_few_queries_and_wakes_only_what_is_done(
+    sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch, strategy: aiogpu.WaitStrategy
+) -> None:
+    # 300 waits on one stream, the first half behind one held kernel, the rest behind another:
+    # releasing the first wakes exactly the first half; releasing the second wakes the rest,
+    # and once two in a row are seen done the newest is asked, so the backlog is not queried
+    # one by one.
+    queries = 0
+    query = sim.event_query
+
+    def counted(event: int) -> bool:
+        nonlocal queries
+        queries += 1
+        return query(event)
+
+    with aiogpu.Stream(sim.device(0)) as stream:
+        first_work = sim.launch(stream)
+        events = [stream.record() for _ in range(150)]
+        second_work = sim.launch(stream)
+        events += [stream.record() for _ in range(150)]
+        woke: set[int] = set()
+        first_half = anyio.Event()
+
+        async def waiter(index: int) -> None:
+            await events[index].wait(strategy=strategy)
+            woke.add(index)
+            if len(woke) == 150:
+                first_half.set()
+
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:
+                for index in range(len(events)):
+                    tg.start_soon(waiter, index)
+                await anyio.wait_all_tasks_blocked()
+                monkeypatch.setattr(sim, "event_query", counted)
+                first_work.release()
+                await first_half.wait()
+                assert woke == set(range(150))
+                assert not events[150].is_done
+                second_work.release()
+        assert woke == set(range(300))
+        assert queries < 30, f"{queries} queries for 300 waits released in two bursts"

@@ -4,7 +4,10 @@ Rules this file keeps:
 
 1. Work on one stream completes in order. Waits are queued per stream (the stream the event
    was recorded on) and only the oldest pending wait of each stream is queried, so a sweep
-   costs O(streams), not O(waiters); when it completes, the next ones are checked at once.
+   costs O(streams), not O(waiters); when it completes, the next ones are checked at once,
+   and after two in a row the newest, then by bisection: a wait that is done means every wait
+   before it on the stream is (a backlog costs O(log n) queries, not one each). A stream whose last sweep completed
+   something is watched closely on the next beat too: more of it tends to finish meanwhile.
 2. One task at a time drives the watcher (sweeps, plans, sleeps); the other waiting tasks park
    on a ``Signal`` it sets. Many tasks awaiting one recording share one entry. The driver is
    the first waiting task when nobody drives — it stops when its own wait is over, so a lone
@@ -13,7 +16,8 @@ Rules this file keeps:
    ``auto`` watches closely on the loop (query, yield, query...) near the completion — right
    after the wait starts, and from just before the predicted completion (``_predict``) — and
    otherwise parks: on the precise timer thread until the predicted time, or on a waiter
-   thread blocked in the driver when nothing is predicted. ``poll`` does the same with loop
+   thread blocked in the driver when nothing is predicted (at most ``AUTO_BACKSTOPS_MAX``
+   streams at a time; the rest are queried on the back-off schedule). ``poll`` does the same with loop
    timers only (no thread at all), so it parks coarsely and watches for longer. ``thread``
    never watches on the loop: a waiter thread sleeps until just before the predicted
    completion, watches closely itself, else blocks in the driver, and pokes the loop.
@@ -67,6 +71,15 @@ LATENESS_SHARE = 0.15
 COLD_POLL = {"auto": (1e-3, 10e-3), "poll": (0.25e-3, 2e-3), "thread": (1e-3, 10e-3), "callback": (1e-3, 10e-3)}
 
 
+#: ``auto`` parks at most this many streams' waits on waiter threads; the others are queried on
+#: the back-off schedule (any thread's wake-up makes the loop sweep them all). Sixty-four
+#: threads woken at once cost the fan-out more than they saved.
+AUTO_BACKSTOPS_MAX = 8
+#: Queues of streams with nothing pending kept for their next wait (a stream's queue holds its
+#: predictor and when its last work finished).
+KEEP_IDLE_QUEUES = 64
+
+
 def _watch_past_prediction(estimate: float) -> float:
     return max(100e-6, 0.25 * estimate)
 
@@ -104,6 +117,7 @@ class _Queue:
         "next_poll",
         "predictor",
         "previous_done",
+        "progressed",
         "start",
         "watch_from",
         "watch_until",
@@ -114,6 +128,7 @@ class _Queue:
         self.entries: deque[_Entry] = deque()
         self.predictor = _predict.for_stream(key)
         self.previous_done = 0.0
+        self.progressed = False  # the last sweep completed some of it: more is likely done soon
         self.backstop: _thread.Subscriber | None = None
         self.start = self.watch_from = self.watch_until = self.momentum_until = self.next_poll = self.last_query = 0.0
         self.backoff = 0.0
@@ -123,12 +138,13 @@ class Watcher:
     def __init__(self, backend: Backend) -> None:
         self._backend = backend
         self._entries: dict[tuple[int, int], _Entry] = {}
-        self._queues: dict[object, _Queue] = {}
+        self._queues: dict[object, _Queue] = {}  # streams with pending waits
+        self._idle_queues: dict[object, _Queue] = {}  # streams waited on lately, oldest first
         self._running = False
         self._park_signal: Signal | None = None
         self._listening = False  # to the doorbell
         self._lateness: deque[float] = deque(maxlen=LATENESS_WINDOW)  # of precise wake-ups (s)
-        self._backstops_auto = 0  # auto backstops started since the loop last watched closely
+        self._auto_backstops: set[_Queue] = set()  # queues whose ``auto`` head a waiter thread watches
 
     # -- the waiting task's side --------------------------------------------------------------
     async def wait(self, target: WaitTarget, mode: Mode) -> None:
@@ -172,7 +188,8 @@ class Watcher:
         key = entry.target._stream_key
         queue = self._queues.get(key)
         if queue is None:
-            queue = self._queues[key] = _Queue(key)
+            queue = self._idle_queues.pop(key) if key in self._idle_queues else _Queue(key)
+            self._queues[key] = queue
         entries = queue.entries
         position = len(entries)
         while position and entries[position - 1].sequence > entry.sequence:
@@ -237,34 +254,122 @@ class Watcher:
 
     def _sweep(self, now: float) -> None:
         for queue in list(self._queues.values()):
-            entries = queue.entries
-            while entries:
-                entry = entries[0]
-                if not entry.signals:
-                    entries.popleft()  # every task waiting for it left
-                    self._next_head(queue, now, done=False)
-                    continue
-                target = entry.target
-                if target._generation != entry.generation:
-                    entries.popleft()  # re-recorded: it now waits for the new recording
-                    self._rekey(entry, now)
-                    self._next_head(queue, now, done=False)
-                    continue
-                try:
-                    done = target._driver.event_query(target._handle)
-                except Exception as exc:
-                    self._fail_queue(queue, exc)
-                    break
-                if not done:
-                    queue.last_query = now
-                    break
-                entries.popleft()
-                self._learn(queue, now)
-                self._complete(entry)
-                self._next_head(queue, now, done=True)
-            if not entries:
+            self._sweep_queue(queue, now)
+            if not queue.entries:
                 self._drop_backstop(queue)
                 del self._queues[queue.key]
+                self._idle_queues[queue.key] = queue  # the stream's next wait reuses it
+                if len(self._idle_queues) > KEEP_IDLE_QUEUES:
+                    del self._idle_queues[next(iter(self._idle_queues))]
+
+    def _sweep_queue(self, queue: _Queue, now: float) -> None:
+        """Complete the queue's done entries, oldest first; plan its new head once at the end.
+
+        A burst (two done in a row) asks about the newest entry next, then bisects: a wait found
+        done means everything recorded before it on the stream is done too, so a backlog of
+        thousands costs a dozen queries, not one each.
+        """
+        entries = queue.entries
+        popped = completed = False
+        stale: list[_Entry] = []
+        tail_asked = False
+        in_a_row = 0
+        while entries:
+            entry = entries[0]
+            if not entry.signals:
+                entries.popleft()  # every task waiting for it left
+                popped = True
+                continue
+            target = entry.target
+            if target._generation != entry.generation:
+                entries.popleft()  # re-recorded: it now waits for the new recording
+                stale.append(entry)
+                popped = True
+                continue
+            backstop = queue.backstop
+            try:
+                if not popped and backstop is not None and backstop.detected_at and backstop.outcome is None:
+                    done = True  # the head's waiter thread saw it complete: no need to ask again
+                else:
+                    done = target._driver.event_query(target._handle)
+                if done and in_a_row and not tail_asked and len(entries) > 2:
+                    tail_asked = True
+                    last = self._last_done(entries)
+                    if last:
+                        self._complete_oldest(queue, last + 1, stale)
+                        in_a_row += last + 1
+                        continue
+            except Exception as exc:
+                self._fail_queue(queue, exc)
+                break
+            if not done:
+                queue.last_query = now
+                break
+            entries.popleft()
+            if not completed:  # only the head's bracket says when work finished
+                self._learn(queue, now)
+                completed = True
+            popped = True
+            in_a_row += 1
+            self._complete(entry)
+        if completed:
+            queue.previous_done = now
+        queue.progressed = completed
+        if popped and entries:
+            self._new_head(queue, now, after_progress=completed)
+        for entry in stale:
+            self._rekey(entry, now)
+
+    @staticmethod
+    def _last_done(entries: deque[_Entry]) -> int:
+        """The position of the newest entry known done, given that the oldest is.
+
+        Asks the newest entry still waited for as recorded, then bisects: O(log n) queries
+        for n entries. Raises ``CudaError`` as a query does.
+        """
+
+        def asked(position: int) -> bool:
+            target = entries[position].target
+            return target._driver.event_query(target._handle)
+
+        def valid(position: int) -> bool:  # waited for, and not re-recorded since
+            entry = entries[position]
+            return bool(entry.signals) and entry.target._generation == entry.generation
+
+        done = 0
+        newest = len(entries) - 1
+        while newest > done and not valid(newest):
+            newest -= 1
+        if newest == done or asked(newest):
+            return len(entries) - 1  # what is after it no one waits for as recorded
+        pending = newest
+        while pending - done > 1:
+            middle = probe = (done + pending) // 2
+            while probe > done and not valid(probe):
+                probe -= 1
+            if probe == done:
+                probe = middle + 1
+                while probe < pending and not valid(probe):
+                    probe += 1
+                if probe == pending:
+                    break
+            if asked(probe):
+                done = probe
+            else:
+                pending = probe
+        return done
+
+    def _complete_oldest(self, queue: _Queue, count: int, stale: list[_Entry]) -> None:
+        """The ``count`` oldest entries are done (a later recording on their stream is)."""
+        entries = queue.entries
+        for _ in range(count):
+            entry = entries.popleft()
+            if not entry.signals:
+                continue
+            if entry.target._generation != entry.generation:
+                stale.append(entry)
+            else:
+                self._complete(entry)
 
     def _plan(self, now: float) -> tuple[float, bool]:
         """When to look next (``<= now``: at once), and whether a precise wake-up is needed.
@@ -275,7 +380,7 @@ class Watcher:
         queues = self._queues.values()
         for queue in queues:
             if queue.entries[0].mode not in _OFF_LOOP and (
-                queue.watch_from <= now <= queue.watch_until or now <= queue.momentum_until
+                queue.progressed or queue.watch_from <= now <= queue.watch_until or now <= queue.momentum_until
             ):
                 self._drop_auto_backstops()
                 return now, False
@@ -286,7 +391,9 @@ class Watcher:
                 if queue.watch_from < wake_at:
                     wake_at, precise = queue.watch_from, mode == "auto"
                 continue
-            if mode in ("auto", "thread") and queue.backstop is None:
+            if queue.backstop is None and (
+                mode == "thread" or (mode == "auto" and len(self._auto_backstops) < AUTO_BACKSTOPS_MAX)
+            ):
                 self._start_backstop(queue, None)
             if now >= queue.next_poll:  # it was just queried by the sweep: back off
                 queue.next_poll = now + queue.backoff
@@ -340,18 +447,13 @@ class Watcher:
             queue.watch_from = expected - lead
             queue.watch_until = expected + _watch_past_prediction(estimate)
 
+        queue.progressed = after_progress
         queue.momentum_until = now + WATCH_AFTER_PROGRESS[mode] if after_progress else 0.0
         queue.next_poll = max(now, queue.watch_until, queue.momentum_until) + queue.backoff
         if mode == "thread":
             self._start_backstop(queue, queue.watch_from if estimate is not None else None)
         elif mode == "callback":
             self._ring_when_done(queue)
-
-    def _next_head(self, queue: _Queue, now: float, *, done: bool) -> None:
-        if done:
-            queue.previous_done = now
-        if queue.entries:
-            self._new_head(queue, now, after_progress=done)
 
     def _learn(self, queue: _Queue, now: float) -> None:
         """Tell the predictor when the head was last seen pending and when it was seen done."""
@@ -365,18 +467,16 @@ class Watcher:
     def _drop_auto_backstops(self) -> None:
         """The loop watches closely, and its sweeps see every queue: ``auto``'s waiter threads
         would only add wake-ups (and GIL hand-offs) now. ``thread`` queues keep theirs."""
-        if self._backstops_auto:
-            self._backstops_auto = 0
-            for queue in self._queues.values():
-                if queue.backstop is not None and queue.entries[0].mode == "auto":
-                    self._drop_backstop(queue)
+        if self._auto_backstops:
+            for queue in list(self._auto_backstops):
+                self._drop_backstop(queue)
 
     def _start_backstop(self, queue: _Queue, spin_from: float | None) -> None:
         if not queue.entries[0].signals:
             return  # every waiter left: the next sweep drops it (its handle may be gone)
         queue.backstop = _thread.pool().subscribe(queue.entries[0].target, self._poke_threadsafe, spin_from)
         if queue.entries[0].mode == "auto":
-            self._backstops_auto += 1
+            self._auto_backstops.add(queue)
 
     def _ring_when_done(self, queue: _Queue) -> None:
         """Make the GPU ring the doorbell once the head's work is done (a host function)."""
@@ -388,9 +488,12 @@ class Watcher:
         _helpers.arm(queue.entries[0].target, _doorbell.doorbell(), self._poke_threadsafe)
 
     def _drop_backstop(self, queue: _Queue) -> None:
-        if queue.backstop is not None:
-            _thread.pool().unsubscribe(queue.backstop)
+        backstop = queue.backstop
+        if backstop is not None:
+            if not backstop.detected_at:  # a job that ended has forgotten its subscribers already
+                _thread.pool().unsubscribe(backstop)
             queue.backstop = None
+            self._auto_backstops.discard(queue)
 
     def _rekey(self, entry: _Entry, now: float) -> None:
         target = entry.target
@@ -424,16 +527,22 @@ class Watcher:
 
 
 _asyncio_watchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Watcher] = weakref.WeakKeyDictionary()
+_last_asyncio: tuple[weakref.ref[asyncio.AbstractEventLoop], Watcher] | None = None  # spares the lookup
 _trio_watcher_var: object = None
 
 
 def current() -> Watcher:
     """The watcher of the running loop (per loop: never shared between loops)."""
+    global _last_asyncio
     loop = _loop.running_asyncio_loop()
     if loop is not None:
+        last = _last_asyncio
+        if last is not None and last[0]() is loop:
+            return last[1]
         watcher = _asyncio_watchers.get(loop)
         if watcher is None:
             watcher = _asyncio_watchers[loop] = Watcher(_loop.AsyncioBackend(loop))
+        _last_asyncio = (weakref.ref(loop), watcher)
         return watcher
     trio = _loop.in_trio_run()
     if trio is None:
