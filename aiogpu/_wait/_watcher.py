@@ -527,7 +527,9 @@ class Watcher:
 
 
 _asyncio_watchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Watcher] = weakref.WeakKeyDictionary()
-_last_asyncio: tuple[weakref.ref[asyncio.AbstractEventLoop], Watcher] | None = None  # spares the lookup
+#: The last (loop, watcher) looked up, both weakly (the watcher refers to its loop): spares the
+#: dictionary lookup, and keeps neither a closed loop nor what its watcher refers to alive.
+_last_asyncio: tuple[weakref.ref[asyncio.AbstractEventLoop], weakref.ref[Watcher]] | None = None
 _trio_watcher_var: object = None
 
 
@@ -537,12 +539,12 @@ def current() -> Watcher:
     loop = _loop.running_asyncio_loop()
     if loop is not None:
         last = _last_asyncio
-        if last is not None and last[0]() is loop:
-            return last[1]
+        if last is not None and last[0]() is loop and (cached := last[1]()) is not None:
+            return cached
         watcher = _asyncio_watchers.get(loop)
         if watcher is None:
             watcher = _asyncio_watchers[loop] = Watcher(_loop.AsyncioBackend(loop))
-        _last_asyncio = (weakref.ref(loop), watcher)
+        _last_asyncio = (weakref.ref(loop), weakref.ref(watcher))
         return watcher
     trio = _loop.in_trio_run()
     if trio is None:
