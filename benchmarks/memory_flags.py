@@ -32,17 +32,10 @@ from pathlib import Path
 from typing import Any
 
 import aiogpu
+from aiogpu._driver import _check as check  # calls a cuda.bindings function, raises CudaError
 from aiogpu.testing import launch_spin
 
 ORDERING_TRIALS = 2_000
-
-
-def _check(result: tuple[Any, ...]) -> Any:
-    from cuda.bindings import driver as cu
-
-    if result[0] != cu.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"CUDA call failed: {result[0]!r}")
-    return result[1] if len(result) == 2 else None
 
 
 def _per_call_us(call: Any, count: int) -> float:
@@ -58,12 +51,12 @@ def study(device: aiogpu.Device) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for name in ("CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS", "CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1"):
         attribute = getattr(cu.CUdevice_attribute, name, None)
-        result[name] = None if attribute is None else _check(cu.cuDeviceGetAttribute(attribute, device.ordinal))
+        result[name] = None if attribute is None else check(cu.cuDeviceGetAttribute, attribute, device.ordinal)
     with device._activated(), aiogpu.Stream(device) as stream:
         flags = cu.CU_MEMHOSTALLOC_DEVICEMAP | cu.CU_MEMHOSTALLOC_PORTABLE
-        host = int(_check(cu.cuMemHostAlloc(4096, flags)))
+        host = int(check(cu.cuMemHostAlloc, 4096, flags))
         try:
-            flag_address = int(_check(cu.cuMemHostGetDevicePointer(host, 0)))
+            flag_address = int(check(cu.cuMemHostGetDevicePointer, host, 0))
             words = memoryview((ctypes.c_uint64 * 512).from_address(host)).cast("B").cast("Q")
             words[0] = words[1] = 0
             event = aiogpu.Event(device)
@@ -100,8 +93,8 @@ def study(device: aiogpu.Device) -> dict[str, Any]:
             flag_before_event = event_before_flag = 0
             for sequence in range(1, 2 * ORDERING_TRIALS + 1):
                 launch_spin(stream, 10e-6)
-                _check(cu.cuEventRecord(handle, stream_handle))
-                _check(cu.cuStreamWriteValue64(stream_handle, flag_address, sequence, 0))
+                check(cu.cuEventRecord, handle, stream_handle)
+                check(cu.cuStreamWriteValue64, stream_handle, flag_address, sequence, 0)
                 deadline = time.perf_counter() + 2.0
                 if sequence <= ORDERING_TRIALS:  # watch the flag, then ask the event
                     while words[0] < sequence:
@@ -122,7 +115,7 @@ def study(device: aiogpu.Device) -> dict[str, Any]:
             event.close()
         finally:
             stream.synchronize()
-            _check(cu.cuMemFreeHost(host))
+            check(cu.cuMemFreeHost, host)
     return result
 
 

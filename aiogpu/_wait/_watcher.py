@@ -271,7 +271,7 @@ class Watcher:
         """
         entries = queue.entries
         popped = completed = False
-        stale: list[_Entry] = []
+        stale: list[_Entry] = []  # re-recorded entries, queued anew once this queue is swept
         tail_asked = False
         in_a_row = 0
         while entries:
