@@ -169,3 +169,67 @@ async def test_a_released_backlog_costs_a_few_queries_and_wakes_only_what_is_don
                 second_work.release()
         assert woke == set(range(300))
         assert queries < 30, f"{queries} queries for 300 waits released in two bursts"
+
+
+@pytest.mark.anyio
+async def test_a_lone_close_watch_still_sees_other_streams_re_recordings_and_faults(
+    sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A lone wait watched closely asks only about its own event at each beat (its wake-up
+    # path). A wait on another stream, a re-recording of the event and a fault must still be
+    # seen while that watch runs.
+    from aiogpu._wait import _watcher
+
+    monkeypatch.setitem(_watcher.WATCH_UNPREDICTED, "poll", 3600.0)  # nothing predicted: watch, never park
+    asked: dict[int, int] = {}
+    query = sim.event_query
+
+    def counted(event: int) -> bool:
+        asked[event] = asked.get(event, 0) + 1
+        return query(event)
+
+    monkeypatch.setattr(sim, "event_query", counted)
+
+    async def watched_closely(event: aiogpu.Event) -> None:
+        """Until the watcher has asked about ``event`` three more times."""
+        until = asked.get(event.handle, 0) + 3
+        while asked.get(event.handle, 0) < until:
+            await anyio.lowlevel.checkpoint()
+
+    device = sim.device(0)
+    outcomes: dict[str, str] = {}
+
+    async def waiter(name: str, event: aiogpu.Event) -> None:
+        try:
+            await event.wait(strategy="poll")
+            outcomes[name] = "done"
+        except aiogpu.CudaError as error:
+            outcomes[name] = error.name
+
+    with aiogpu.Stream(device) as a, aiogpu.Stream(device) as b, aiogpu.Event(device) as event_a:
+        held_a = sim.launch(a)
+        event_a.record(a)
+        held_b = sim.launch(b)
+        event_b = b.record()
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(waiter, "a", event_a)
+                await watched_closely(event_a)
+                tg.start_soon(waiter, "b", event_b)  # another stream: back to whole sweeps
+                await watched_closely(event_b)
+                held_b.release()
+                while "b" not in outcomes:
+                    await anyio.lowlevel.checkpoint()
+                assert outcomes == {"b": "done"}
+
+                await watched_closely(event_a)  # lone again
+                held_again = sim.launch(a)
+                event_a.record(a)  # re-recorded while watched: the first work's end wakes no one
+                held_a.release()
+                await watched_closely(event_a)
+                assert not event_a.is_done
+                assert outcomes == {"b": "done"}
+
+                held_again.fail()  # a fault while watched reaches the waiting task
+        assert outcomes == {"b": "done", "a": "CUDA_ERROR_ILLEGAL_ADDRESS"}
+        event_b.close()

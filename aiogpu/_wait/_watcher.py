@@ -12,6 +12,9 @@ Rules this file keeps:
    on a ``Signal`` it sets. Many tasks awaiting one recording share one entry. The driver is
    the first waiting task when nobody drives — it stops when its own wait is over, so a lone
    wait is woken with no hand-off between tasks — and otherwise a system task of the loop.
+   While only one stream has waits, its close watch asks about its head at each beat and
+   nothing else, and completes it in a few steps (learning from it waits for the stream's
+   next wait): the wake-up path of a lone wait is the one that decides its latency.
 3. Where to watch from is the strategy's choice, per stream queue (the head's strategy):
    ``auto`` watches closely on the loop (query, yield, query...) near the completion — right
    after the wait starts, and from just before the predicted completion (``_predict``) — and
@@ -42,6 +45,7 @@ from . import _doorbell, _helpers, _predict, _thread, _timer
 
 if TYPE_CHECKING:
     import asyncio
+    from collections.abc import Awaitable
 
     from .._loop import Backend, Signal
     from . import WaitTarget
@@ -87,6 +91,25 @@ def _watch_past_prediction(estimate: float) -> float:
 _entry_serials = itertools.count()
 
 
+class _DriverFlag:
+    """The signal of a waiting task that drives the watcher: it checks it between beats and
+    never awaits it (cheaper than a future or a trio event on the wake-up path)."""
+
+    __slots__ = ("_set",)
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def wait(self) -> Awaitable[None]:
+        raise RuntimeError("a driving task never awaits its own signal")
+
+
 class _Entry:
     """One recording of one event that tasks of this loop are waiting for."""
 
@@ -119,6 +142,7 @@ class _Queue:
         "previous_done",
         "progressed",
         "start",
+        "unlearned",
         "watch_from",
         "watch_until",
     )
@@ -132,6 +156,7 @@ class _Queue:
         self.backstop: _thread.Subscriber | None = None
         self.start = self.watch_from = self.watch_until = self.momentum_until = self.next_poll = self.last_query = 0.0
         self.backoff = 0.0
+        self.unlearned: tuple[float, float] | None = None  # (pending, done) not yet told the predictor
 
 
 class Watcher:
@@ -144,12 +169,14 @@ class Watcher:
         self._park_signal: Signal | None = None
         self._listening = False  # to the doorbell
         self._lateness: deque[float] = deque(maxlen=LATENESS_WINDOW)  # of precise wake-ups (s)
+        self._lateness_max = 0.0  # the largest of them: read by every ``auto`` head's plan
         self._auto_backstops: set[_Queue] = set()  # queues whose ``auto`` head a waiter thread watches
 
     # -- the waiting task's side --------------------------------------------------------------
     async def wait(self, target: WaitTarget, mode: Mode) -> None:
         key = (id(target), target._generation)
-        signal = self._backend.new_signal()
+        driving = not self._running
+        signal = _DriverFlag() if driving else self._backend.new_signal()
         entry = self._entries.get(key)
         if entry is None:
             now = time.perf_counter()
@@ -159,7 +186,7 @@ class Watcher:
         else:
             entry.signals[signal] = None
         try:
-            if self._running:
+            if not driving:
                 self._poke()
                 await signal.wait()
             else:  # nobody watches: this task does, so its own wake-up costs no hand-off
@@ -217,15 +244,60 @@ class Watcher:
             look = True
             now = time.perf_counter()
             wake_at, precise = self._plan(now)
-            if wake_at <= now:
-                await self._backend.yield_now()
-            else:
+            if wake_at > now:
                 await self._park(now, wake_at, precise)
+            elif len(self._queues) == 1:
+                if await self._watch_only_queue(next(iter(self._queues.values()))) and until is not None and until.is_set():
+                    return  # its own wait is over: straight back to the task (the close watch checkpointed)
+            else:
+                await self._backend.yield_now()
             checkpointed = True
         if until is not None and not checkpointed:  # a wait is always a checkpoint
             await self._backend.yield_now()
         # The system task must stop right after seeing no queue left: a wait that started
         # during a yield here would see the watcher running and be left without a driver.
+
+    async def _watch_only_queue(self, queue: _Queue) -> bool:
+        """The close watch of a lone stream, lean: query its head at every beat, and nothing else.
+
+        Completes the head and returns ``True`` once it is seen done (the wake-up path: a few
+        steps, not a sweep); returns ``False`` as soon as anything a full sweep must handle
+        happens (another stream's wait, a new head, the head abandoned or re-recorded, a failed
+        query) or the watch ends.
+        """
+        head = queue.entries[0]
+        target = head.target
+        query, handle, generation = target._driver.event_query, target._handle, head.generation
+        watch_until = max(queue.watch_until, queue.momentum_until)
+        queues, entries = self._queues, queue.entries
+        yield_now = self._backend.yield_now
+        while True:
+            await yield_now()
+            if len(queues) != 1 or not entries or entries[0] is not head or not head.signals:
+                return False
+            if target._generation != generation:
+                return False
+            now = time.perf_counter()
+            if now > watch_until and not queue.progressed:
+                return False
+            try:
+                done = query(handle)
+            except Exception:  # the sweep asks again and delivers the error
+                return False
+            if done:
+                break
+            queue.last_query = now
+            queue.progressed = False
+        self._complete(head)  # first: what the waiting tasks are waiting for
+        entries.popleft()
+        start = queue.start  # learned when the stream's next wait is planned: off the wake-up path
+        queue.unlearned = (max(start, queue.last_query) - start, now - start)
+        queue.previous_done = now
+        if entries:
+            self._new_head(queue, now, after_progress=True)
+        else:
+            self._retire(queue)
+        return True
 
     def _hand_over(self) -> None:
         """A waiting task stops driving: the system task takes over what is left."""
@@ -256,11 +328,15 @@ class Watcher:
         for queue in list(self._queues.values()):
             self._sweep_queue(queue, now)
             if not queue.entries:
-                self._drop_backstop(queue)
-                del self._queues[queue.key]
-                self._idle_queues[queue.key] = queue  # the stream's next wait reuses it
-                if len(self._idle_queues) > KEEP_IDLE_QUEUES:
-                    del self._idle_queues[next(iter(self._idle_queues))]
+                self._retire(queue)
+
+    def _retire(self, queue: _Queue) -> None:
+        """Nothing is pending on the queue's stream: keep the queue for its next wait."""
+        self._drop_backstop(queue)
+        del self._queues[queue.key]
+        self._idle_queues[queue.key] = queue
+        if len(self._idle_queues) > KEEP_IDLE_QUEUES:
+            del self._idle_queues[next(iter(self._idle_queues))]
 
     def _sweep_queue(self, queue: _Queue, now: float) -> None:
         """Complete the queue's done entries, oldest first; plan its new head once at the end.
@@ -412,6 +488,7 @@ class Watcher:
                 late = time.perf_counter() - wake_at
                 if 0 <= late <= LATENESS_MAX:  # woken by the timer, not by a completion or a new wait
                     self._lateness.append(late)
+                    self._lateness_max = max(self._lateness)
             else:
                 await self._backend.wait_signal(signal, wake_at - now)
         finally:
@@ -430,7 +507,11 @@ class Watcher:
     # -- per-queue bookkeeping ----------------------------------------------------------------
     def _new_head(self, queue: _Queue, now: float, *, after_progress: bool = False) -> None:
         """Plan how to watch the queue's (new) oldest entry."""
-        self._drop_backstop(queue)
+        if queue.backstop is not None:
+            self._drop_backstop(queue)
+        if queue.unlearned is not None:
+            queue.predictor.observe(*queue.unlearned)
+            queue.unlearned = None
         head = queue.entries[0]
         mode = head.mode
         queue.start = max(head.recorded_at, queue.previous_done)
@@ -442,8 +523,8 @@ class Watcher:
         else:
             expected = queue.start + estimate
             lead = LEAD[mode]
-            if mode == "auto" and self._lateness:
-                lead += min(max(self._lateness), LATENESS_SHARE * estimate)
+            if mode == "auto" and self._lateness_max:
+                lead += min(self._lateness_max, LATENESS_SHARE * estimate)
             queue.watch_from = expected - lead
             queue.watch_until = expected + _watch_past_prediction(estimate)
 
