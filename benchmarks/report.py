@@ -38,8 +38,9 @@ def markdown(result: dict[str, Any]) -> str:
     lines += [
         "",
         "Fan-out: waiting tasks awaiting events queued behind a latch on N streams (20 µs kernels),",
-        "released at once. The GPU floor wakes no task; the task floor wakes the same N tasks through",
-        "plain futures after the same spinning synchronize: the least a loop can do for N waiting tasks.",
+        "released at once; medians of repeated runs, the waiters interleaved. The GPU floor wakes no",
+        "task; the task floor wakes the same N tasks through plain futures after the same spinning",
+        "synchronize: the least a loop can do for N waiting tasks.",
         "CPU over the task floor is what the way of waiting adds per wait to the loop's cost of waking a task.",
         "",
         "| waiters | streams | events | strategy | wall ms | vs GPU floor | vs task floor | CPU µs/wait | CPU over task floor µs/wait |",

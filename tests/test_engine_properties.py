@@ -6,6 +6,9 @@ every waiter wakes once its own work is done and not before, and nothing is left
 
 from __future__ import annotations
 
+import math
+from collections import deque
+
 import anyio
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -76,3 +79,52 @@ def test_predictions_stay_within_what_was_observed(brackets: list[tuple[float, f
         predictor.observe(lower, upper)
         assert predictor.estimate is not None
         assert 0 <= predictor.estimate <= max(upper for _, upper in observed)
+
+
+class _FakeTarget:
+    def __init__(self, done: bool, asked: list[int], position: int) -> None:
+        self._generation = 0
+        self._handle = position
+        self._done = done
+        self._asked = asked
+
+    @property
+    def _driver(self) -> _FakeTarget:
+        return self
+
+    def event_query(self, handle: int) -> bool:
+        self._asked.append(handle)
+        return self._done
+
+
+class _FakeEntry:
+    def __init__(self, target: _FakeTarget, waited: bool, rerecorded: bool) -> None:
+        self.target = target
+        self.signals = {object(): None} if waited else {}
+        self.generation = -1 if rerecorded else 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    kinds=st.lists(st.sampled_from(["valid", "valid", "valid", "abandoned", "rerecorded"]), min_size=3, max_size=300),
+    done_fraction=st.floats(0, 1),
+)
+def test_the_newest_done_wait_is_found_in_few_queries(kinds: list[str], done_fraction: float) -> None:
+    # Work on a stream completes in order: the oldest ``done`` entries are done. The search
+    # must return the newest position whose valid entries are all done, with no done valid
+    # entry after it, asking only valid entries, in O(log n) queries.
+    from aiogpu._wait._watcher import Watcher
+
+    kinds[0] = "valid"  # the sweep calls it with a valid head known done
+    done = max(1, round(done_fraction * len(kinds)))
+    asked: list[int] = []
+    entries = deque(
+        _FakeEntry(_FakeTarget(position < done, asked, position), kind != "abandoned", kind == "rerecorded")
+        for position, kind in enumerate(kinds)
+    )
+    found = Watcher._last_done(entries)  # type: ignore[arg-type]
+    valid = [position for position, kind in enumerate(kinds) if kind == "valid"]
+    assert all(position < done for position in valid if position <= found)
+    assert not [position for position in valid if found < position < done]
+    assert all(kinds[position] == "valid" for position in asked)
+    assert len(asked) <= 2 * math.log2(len(kinds)) + 3, f"{len(asked)} queries for {len(kinds)} entries"

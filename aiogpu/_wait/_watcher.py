@@ -5,8 +5,8 @@ Rules this file keeps:
 1. Work on one stream completes in order. Waits are queued per stream (the stream the event
    was recorded on) and only the oldest pending wait of each stream is queried, so a sweep
    costs O(streams), not O(waiters); when it completes, the next ones are checked at once,
-   and after two in a row the newest, then by bisection: a wait that is done means every wait
-   before it on the stream is (a backlog costs O(log n) queries, not one each). A stream whose last sweep completed
+   and after two in a row the newest, then by galloping and bisection: a wait that is done
+   means every wait before it on the stream is (k done cost O(log k) queries, not one each). A stream whose last sweep completed
    something is watched closely on the next beat too: more of it tends to finish meanwhile.
 2. One task at a time drives the watcher (sweeps, plans, sleeps); the other waiting tasks park
    on a ``Signal`` it sets. Many tasks awaiting one recording share one entry. The driver is
@@ -400,8 +400,9 @@ class Watcher:
     def _last_done(entries: deque[_Entry]) -> int:
         """The position of the newest entry known done, given that the oldest is.
 
-        Asks the newest entry still waited for as recorded, then bisects: O(log n) queries
-        for n entries. Raises ``CudaError`` as a query does.
+        Asks the newest entry still waited for as recorded (a released backlog: one query),
+        then gallops from the oldest and bisects: O(log k) queries for k done. Raises
+        ``CudaError`` as a query does.
         """
 
         def asked(position: int) -> bool:
@@ -419,6 +420,18 @@ class Watcher:
         if newest == done or asked(newest):
             return len(entries) - 1  # what is after it no one waits for as recorded
         pending = newest
+        step = 1  # gallop from the oldest (1, 3, 7, 15... ahead): a stream that is finishing
+        while done + step < pending:  # work one by one has only a few done, so a few queries
+            probe = done + step
+            while probe < pending and not valid(probe):
+                probe += 1
+            if probe == pending:
+                break
+            if not asked(probe):
+                pending = probe
+                break
+            done = probe
+            step *= 2
         while pending - done > 1:
             middle = probe = (done + pending) // 2
             while probe > done and not valid(probe):
