@@ -794,8 +794,9 @@ async def test_the_thread_strategy_never_spins(sim: SimulatedDriver) -> None:
         assert not any(event.is_blocking_sync for event in events)
         with anyio.fail_after(10):
             async with anyio.create_task_group() as tg:
-                for event in events:
+                for event in events:  # in record order (trio may start tasks in any order)
                     tg.start_soon(partial(event.wait, strategy="thread"))
+                    await anyio.wait_all_tasks_blocked()
                 assert await anyio.to_thread.run_sync(sim.wait_until_blocked, 1)
                 work.release()
         assert all(event.is_done for event in events)
