@@ -161,7 +161,9 @@ def fanout_tasks(name: str, targets: list[aiogpu.Event], per_stream: list[list[a
 
     The GPU floor has no waiting tasks at all. The task floor is the least a loop can do for
     as many waiting tasks: one spinning synchronize per stream, then resolving a plain future
-    that each task awaits; every waiter-based row is measured against it too.
+    that each task awaits; every waiter-based row is measured against it too. Every waiting
+    task counts itself done on a shared countdown (``asyncio.gather`` would add a Python
+    callback per task that costs more than the wake-up being measured).
     """
 
     async def synchronize_last() -> None:
@@ -171,25 +173,42 @@ def fanout_tasks(name: str, targets: list[aiogpu.Event], per_stream: list[list[a
     if name == FANOUT_GPU_FLOOR:
         return synchronize_last
     loop = asyncio.get_running_loop()
+    countdown = _Countdown(loop, len(targets))
     if name == FANOUT_TASK_FLOOR:
         futures: list[asyncio.Future[None]] = [loop.create_future() for _ in targets]
-        tasks = [asyncio.ensure_future(_await(future)) for future in futures]
+        waits: list[Awaitable[None]] = list(futures)
     elif name.startswith("query"):
-        tasks = [asyncio.ensure_future(_query_sleep(event, 0)) for event in targets]
+        waits = [_query_sleep(event, 0) for event in targets]
     else:
         strategy = name.removeprefix("aiogpu ")
-        tasks = [asyncio.ensure_future(event.wait(strategy=strategy)) for event in targets]  # type: ignore[arg-type]
-    gathered = asyncio.gather(*tasks)  # before the release: gather's own setup is not timed
+        waits = [event.wait(strategy=strategy) for event in targets]  # type: ignore[arg-type]
+    tasks = [loop.create_task(countdown.after(wait)) for wait in waits]
 
     async def wait_all() -> None:
         if name == FANOUT_TASK_FLOOR:
             await synchronize_last()
             for future in futures:
                 future.set_result(None)
-        await gathered
+        await countdown.done
+        del tasks[:]  # held until now: the loop keeps only weak references to tasks
 
     return wait_all
 
 
-async def _await(future: asyncio.Future[None]) -> None:
-    await future
+class _Countdown:
+    """``done`` resolves once ``count`` waits have finished, or with the first one's error."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, count: int) -> None:
+        self.done: asyncio.Future[None] = loop.create_future()
+        self._left = count
+
+    async def after(self, wait: Awaitable[None]) -> None:
+        try:
+            await wait
+        except Exception as exc:
+            if not self.done.done():
+                self.done.set_exception(exc)
+            return
+        self._left -= 1
+        if not self._left:
+            self.done.set_result(None)

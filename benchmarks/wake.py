@@ -9,7 +9,8 @@ for each way of waiting:
   measured in the same run);
 - host CPU per wait (process CPU time over the case divided by waits), also as a fraction of
   the floor's;
-- event-loop responsiveness while the waits run, over at least ``LAG_SECONDS``, two ways: how
+- event-loop responsiveness while the waits run, over at least ``LAG_SECONDS``, two ways (and
+  the garbage collector's pauses meanwhile; the start-up heap is frozen first, as servers do): how
   late the loop reads input that another process writes to a pipe at 1 kHz (as requests arrive
   on a socket) — the figure the goals use —
   and how late a 1 kHz ``asyncio.sleep`` ticker wakes. The second is shown for completeness:
@@ -22,7 +23,9 @@ latch and then released, ``FANOUT_REPEATS`` times each (medians): wall time agai
 event of each stream, no waiting task at all) and the task floor (the same, then resolving a
 plain future that each of the N waiting tasks awaits: the least a loop can do to wake them) —
 and host CPU per wait, in all and over the task floor's (what the way of waiting adds to
-the loop's own cost of waking a task). The garbage collector is off while a fan-out runs (as ``timeit`` does).
+the loop's own cost of waking a task). Each waiting task counts itself done on a shared
+countdown. Fan-out runs on asyncio and again on uvloop where it is installed (uvicorn's loop).
+The garbage collector is off while a fan-out runs (as ``timeit`` does).
 
 Writes ``wake.json``, ``wake.md`` and ``wake.png`` (latency overhead against CPU per wait, one
 point per strategy and workload) to ``--out`` and prints a progress line per case. Without a
@@ -47,7 +50,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import aiogpu
 from aiogpu.testing import Latch, SimulatedDriver, launch_spin
@@ -89,10 +92,13 @@ class LatencyRow:
     lag_max_ms: float
     timer_lag_p99_ms: float
     timer_lag_max_ms: float
+    gc_pauses: int
+    gc_pause_max_ms: float
 
 
 @dataclass
 class FanoutRow:
+    loop: str
     strategy: str
     waiters: int
     streams: int
@@ -124,6 +130,29 @@ async def time_waits(
         await wait()
         samples.append(time.perf_counter() - started)
     return samples, time.process_time() - cpu
+
+
+class GcPauses:
+    """The garbage collector's pauses on the loop thread while the responsiveness probes run:
+    a collection stops the loop as surely as a blocking call (and walks torch's objects too,
+    unless the start-up heap was frozen, as ``main`` does)."""
+
+    def __init__(self) -> None:
+        self.pauses: list[float] = []
+        self._started = 0.0
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.pauses.append(time.perf_counter() - self._started)
+
+    def __enter__(self) -> GcPauses:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        gc.callbacks.remove(self._callback)
 
 
 #: Another process sends its clock reading down a pipe every millisecond: input arriving from
@@ -212,7 +241,8 @@ async def latency_cases(device: aiogpu.Device, quick: bool, probe: InputProbe) -
                 wait, close = make(stream)
                 try:
                     samples, cpu = await time_waits(wait, stream, work, waits)
-                    lags, timer_lags = await loop_lag(wait, stream, work, 0.2 if quick else LAG_SECONDS, probe)
+                    with GcPauses() as pauses:
+                        lags, timer_lags = await loop_lag(wait, stream, work, 0.2 if quick else LAG_SECONDS, probe)
                 finally:
                     close()
                 p50, p99 = statistics.median(samples), percentile(samples, 0.99)
@@ -231,6 +261,8 @@ async def latency_cases(device: aiogpu.Device, quick: bool, probe: InputProbe) -
                     lag_max_ms=max(lags) * 1e3 if lags else float("nan"),
                     timer_lag_p99_ms=percentile(timer_lags, 0.99) * 1e3 if timer_lags else float("nan"),
                     timer_lag_max_ms=max(timer_lags) * 1e3 if timer_lags else float("nan"),
+                    gc_pauses=len(pauses.pauses),
+                    gc_pause_max_ms=max(pauses.pauses, default=0.0) * 1e3,
                 )
                 floor = floor or row  # the first waiter is the floor
                 rows.append(row)
@@ -238,7 +270,7 @@ async def latency_cases(device: aiogpu.Device, quick: bool, probe: InputProbe) -
                     f"latency {work * 1e6:6.0f} us  {name:34} p50 {row.p50_us:8.1f} us (+{row.overhead_p50_us:7.1f})"
                     f"  p99 {row.p99_us:8.1f} us (+{row.overhead_p99_us:7.1f})  cpu/wait {row.cpu_us_per_wait:7.1f} us"
                     f" ({row.cpu_fraction_of_floor:4.0%})  lag p99 {row.lag_p99_ms:6.2f} ms  max {row.lag_max_ms:6.2f} ms"
-                    f"  timer lag p99 {row.timer_lag_p99_ms:6.2f} ms",
+                    f"  timer lag p99 {row.timer_lag_p99_ms:6.2f} ms  gc {row.gc_pauses} pauses, max {row.gc_pause_max_ms:5.2f} ms",
                     flush=True,
                 )
     return rows
@@ -283,7 +315,7 @@ async def fanout_case(device: aiogpu.Device, name: str, waiters: int, nstreams: 
             stream.close()
 
 
-async def fanout_cases(device: aiogpu.Device, quick: bool) -> list[FanoutRow]:
+async def fanout_cases(device: aiogpu.Device, quick: bool, loop: str) -> list[FanoutRow]:
     rows = []
     for waiters in FANOUT_WAITERS:
         for nstreams in FANOUT_STREAMS:
@@ -295,7 +327,7 @@ async def fanout_cases(device: aiogpu.Device, quick: bool) -> list[FanoutRow]:
                     wall, cpu, events = await fanout_case(device, name, waiters, nstreams)
                     runs[name].append((wall, cpu))
                     print(
-                        f"fan-out {waiters:6} waiters {nstreams:3} streams ({events:5} events)  {name:40}"
+                        f"fan-out {loop:7} {waiters:6} waiters {nstreams:3} streams ({events:5} events)  {name:40}"
                         f" wall {wall * 1e3:8.2f} ms  cpu/wait {cpu / waiters * 1e6:6.2f} us  (run {repeat + 1})",
                         flush=True,
                     )
@@ -308,6 +340,7 @@ async def fanout_cases(device: aiogpu.Device, quick: bool) -> list[FanoutRow]:
             task_floor, task_floor_cpu = floors[baselines.FANOUT_TASK_FLOOR]
             rows += [
                 FanoutRow(
+                    loop,
                     name,
                     waiters,
                     nstreams,
@@ -330,19 +363,37 @@ def open_device() -> tuple[aiogpu.Device, bool]:
         return SimulatedDriver().device(0), True
 
 
-async def main(out: Path, quick: bool) -> None:
+def event_loops() -> list[tuple[str, Callable[[Awaitable[Any]], Any]]]:
+    """The loops fan-out runs on: asyncio, and uvloop where it is installed (what uvicorn uses)."""
+    loops: list[tuple[str, Callable[[Awaitable[Any]], Any]]] = [("asyncio", asyncio.run)]
+    try:
+        import uvloop
+    except ImportError:
+        return loops
+    return [*loops, ("uvloop", uvloop.run)]
+
+
+def main(out: Path, quick: bool) -> None:
     device, simulated = open_device()
     environment = baselines.environment(device, simulated)
     environment["date"] = datetime.date.today().isoformat()
     environment["python"] = platform.python_version()
     print(json.dumps(environment), flush=True)
-    probe = InputProbe()
-    try:
-        latency = await latency_cases(device, quick, probe)
-    finally:
-        probe.close()
-    fanout = await fanout_cases(device, quick)
-    result = {"environment": environment, "latency": [asdict(r) for r in latency], "fanout": [asdict(r) for r in fanout]}
+
+    baselines.latency_waiters(device)  # imports what the baselines use (torch, cuda.core)
+    gc.collect()
+    gc.freeze()  # as a server does after start-up: collections skip the imported modules' objects
+
+    async def latency() -> list[LatencyRow]:
+        probe = InputProbe()
+        try:
+            return await latency_cases(device, quick, probe)
+        finally:
+            probe.close()
+
+    rows = asyncio.run(latency())
+    fanout = [row for name, run in event_loops() for row in run(fanout_cases(device, quick, name))]
+    result = {"environment": environment, "latency": [asdict(r) for r in rows], "fanout": [asdict(r) for r in fanout]}
     out.mkdir(parents=True, exist_ok=True)
     (out / "wake.json").write_text(json.dumps(result, indent=1))
     (out / "wake.md").write_text(report.markdown(result))
@@ -355,4 +406,4 @@ if __name__ == "__main__":
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--quick", action="store_true", help="fewer waits per case (a smoke run)")
     arguments = parser.parse_args()
-    asyncio.run(main(arguments.out, arguments.quick))
+    main(arguments.out, arguments.quick)

@@ -112,7 +112,8 @@ class _FakeEntry:
 def test_the_newest_done_wait_is_found_in_few_queries(kinds: list[str], done_fraction: float) -> None:
     # Work on a stream completes in order: the oldest ``done`` entries are done. The search
     # must return the newest position whose valid entries are all done, with no done valid
-    # entry after it, asking only valid entries, in O(log n) queries.
+    # entry after it, and the next valid entry if it asked it, asking only valid entries, in
+    # O(log n) queries.
     from aiogpu._wait._watcher import Watcher
 
     kinds[0] = "valid"  # the sweep calls it with a valid head known done
@@ -122,9 +123,12 @@ def test_the_newest_done_wait_is_found_in_few_queries(kinds: list[str], done_fra
         _FakeEntry(_FakeTarget(position < done, asked, position), kind != "abandoned", kind == "rerecorded")
         for position, kind in enumerate(kinds)
     )
-    found = Watcher._last_done(entries)  # type: ignore[arg-type]
+    found, pending = Watcher._last_done(entries)  # type: ignore[arg-type]
     valid = [position for position, kind in enumerate(kinds) if kind == "valid"]
     assert all(position < done for position in valid if position <= found)
     assert not [position for position in valid if found < position < done]
+    if pending is not None:  # the first valid entry after the found one, asked and not done
+        assert pending == min(position for position in valid if position > found)
+        assert pending >= done and pending in asked
     assert all(kinds[position] == "valid" for position in asked)
     assert len(asked) <= 2 * math.log2(len(kinds)) + 3, f"{len(asked)} queries for {len(kinds)} entries"

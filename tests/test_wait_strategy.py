@@ -172,6 +172,65 @@ async def test_a_released_backlog_costs_a_few_queries_and_wakes_only_what_is_don
 
 
 @pytest.mark.anyio
+async def test_a_sweep_asks_about_each_wait_at_most_once(sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Work finishing a few recordings at a time (as on a busy GPU) is found by the burst
+    # search; the wait it found pending is the stream's new head, and the sweep must not ask
+    # about it a second time.
+    from aiogpu._wait import _watcher
+
+    asked: list[int] | None = None  # during a sweep: the events it asked about
+    repeats: list[int] = []
+    sweeps_that_asked = 0
+    query = sim.event_query
+    sweep = _watcher.Watcher._sweep_queue
+
+    def counted(event: int) -> bool:
+        if asked is not None:
+            if event in asked:
+                repeats.append(event)
+            asked.append(event)
+        return query(event)
+
+    def one_sweep(self: _watcher.Watcher, queue: object, now: float) -> None:
+        nonlocal asked, sweeps_that_asked
+        asked = []
+        try:
+            sweep(self, queue, now)  # type: ignore[arg-type]
+        finally:
+            sweeps_that_asked += len(asked) > 1
+            asked = None
+
+    monkeypatch.setattr(_watcher.Watcher, "_sweep_queue", one_sweep)
+    with aiogpu.Stream(sim.device(0)) as stream:
+        groups = []
+        for _ in range(10):
+            work = sim.launch(stream)
+            groups.append((work, [stream.record() for _ in range(4)]))
+        woke: list[aiogpu.Event] = []
+        group_woke = [anyio.Event() for _ in groups]
+
+        async def waiter(event: aiogpu.Event, group: int) -> None:
+            await event.wait(strategy="poll")
+            woke.append(event)
+            if len(woke) == 4 * (group + 1):
+                group_woke[group].set()
+
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:
+                for group, (_, events) in enumerate(groups):
+                    for event in events:
+                        tg.start_soon(waiter, event, group)
+                await anyio.wait_all_tasks_blocked()
+                monkeypatch.setattr(sim, "event_query", counted)
+                for group, (work, events) in enumerate(groups):
+                    work.release()
+                    await group_woke[group].wait()
+                    assert set(woke[-4:]) == set(events)
+    assert sweeps_that_asked, "no sweep found a burst: the test tested nothing"
+    assert not repeats, f"asked again within one sweep: {repeats}"
+
+
+@pytest.mark.anyio
 async def test_a_lone_close_watch_still_sees_other_streams_re_recordings_and_faults(
     sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -349,6 +349,7 @@ class Watcher:
         popped = completed = False
         stale: list[_Entry] = []  # re-recorded entries, queued anew once this queue is swept
         tail_asked = False
+        known_pending: _Entry | None = None  # asked during the burst search: not asked again
         in_a_row = 0
         while entries:
             entry = entries[0]
@@ -366,11 +367,15 @@ class Watcher:
             try:
                 if not popped and backstop is not None and backstop.detected_at and backstop.outcome is None:
                     done = True  # the head's waiter thread saw it complete: no need to ask again
+                elif entry is known_pending:
+                    done = False
                 else:
                     done = target._driver.event_query(target._handle)
                 if done and in_a_row and not tail_asked and len(entries) > 2:
                     tail_asked = True
-                    last = self._last_done(entries)
+                    last, pending = self._last_done(entries)
+                    if pending is not None:
+                        known_pending = entries[pending]
                     if last:
                         self._complete_oldest(queue, last + 1, stale)
                         in_a_row += last + 1
@@ -397,8 +402,10 @@ class Watcher:
             self._rekey(entry, now)
 
     @staticmethod
-    def _last_done(entries: deque[_Entry]) -> int:
-        """The position of the newest entry known done, given that the oldest is.
+    def _last_done(entries: deque[_Entry]) -> tuple[int, int | None]:
+        """The position of the newest entry known done, given that the oldest is, and of the
+        entry found pending right after it (``None`` if none was asked): the sweep need not
+        ask that one again. Entries between the two are not waited for as recorded.
 
         Asks the newest entry still waited for as recorded (a released backlog: one query),
         then gallops from the oldest and bisects: O(log k) queries for k done. Raises
@@ -418,7 +425,7 @@ class Watcher:
         while newest > done and not valid(newest):
             newest -= 1
         if newest == done or asked(newest):
-            return len(entries) - 1  # what is after it no one waits for as recorded
+            return len(entries) - 1, None  # what is after it no one waits for as recorded
         pending = newest
         step = 1  # gallop from the oldest (1, 3, 7, 15... ahead): a stream that is finishing
         while done + step < pending:  # work one by one has only a few done, so a few queries
@@ -446,7 +453,7 @@ class Watcher:
                 done = probe
             else:
                 pending = probe
-        return done
+        return done, pending
 
     def _complete_oldest(self, queue: _Queue, count: int, stale: list[_Entry]) -> None:
         """The ``count`` oldest entries are done (a later recording on their stream is)."""
