@@ -1,0 +1,46 @@
+"""The wake benchmark runs end to end without a GPU, on the simulated device, and says so."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import aiogpu
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.timeout(300)
+def test_the_wake_benchmark_runs_on_the_simulated_device_and_labels_it(tmp_path: Path) -> None:
+    try:
+        aiogpu.Device(0)
+    except aiogpu.CudaUnavailableError:
+        pass
+    else:
+        pytest.skip("a GPU is here: the benchmark would measure it (run it by hand)")
+    run = subprocess.run(
+        [sys.executable, "-m", "benchmarks.wake", "--quick", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=280,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads((tmp_path / "wake.json").read_text())
+    assert result["environment"]["simulated"] is True
+    assert (tmp_path / "wake.md").read_text().startswith("# Wake-up benchmark: SIMULATED device (no GPU)")
+    strategies = {f"aiogpu {strategy}" for strategy in ("auto", "poll", "thread", "callback")}
+    for work in (20.0, 200.0, 5000.0):
+        measured = {row["strategy"] for row in result["latency"] if row["work_us"] == work}
+        assert strategies <= measured, f"{work} µs: {sorted(measured)}"
+    loops = {row["loop"] for row in result["fanout"]}
+    assert "asyncio" in loops
+    fanout = {(row["loop"], row["waiters"], row["streams"], row["strategy"]) for row in result["fanout"]}
+    assert ("asyncio", 10_000, 64, "aiogpu auto") in fanout
+    assert all(row["wall_ms"] > 0 and row["cpu_us_per_wait"] > 0 for row in result["fanout"])
+    assert run.stdout.count("fan-out") >= len(result["fanout"])  # a progress line per case
