@@ -9,18 +9,14 @@ from pathlib import Path
 
 import pytest
 
-import aiogpu
+from tests.conftest import gpu_unavailable_reason
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.timeout(300)
 def test_the_wake_benchmark_runs_on_the_simulated_device_and_labels_it(tmp_path: Path) -> None:
-    try:
-        aiogpu.Device(0)
-    except aiogpu.CudaUnavailableError:
-        pass
-    else:
+    if gpu_unavailable_reason() is None:
         pytest.skip("a GPU is here: the benchmark would measure it (run it by hand)")
     run = subprocess.run(
         [sys.executable, "-m", "benchmarks.wake", "--quick", "--out", str(tmp_path)],
