@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import gc
 import weakref
+from functools import partial
 
 import anyio
 import pytest
 
 import aiogpu
 from aiogpu._wait import _helpers
-from aiogpu.testing import Latch
+from aiogpu.testing import Latch, SimulatedDriver
 from tests.helpers import settle_waiter_threads
 
 pytestmark = pytest.mark.anyio
@@ -67,6 +68,58 @@ async def test_dropped_streams_and_events_with_pending_waits(device: aiogpu.Devi
     gc.collect()
     assert all(ref() is None for ref in dropped)  # nothing kept them once the waits were over
     assert live_handles(device) == before
+
+
+async def test_a_closed_event_lives_while_a_task_still_awaits_it(sim: SimulatedDriver, strategy: aiogpu.WaitStrategy) -> None:
+    # Three tasks await one recording (one entry of the watcher); the event is closed meanwhile.
+    # The handle outlives the two cancelled waits and is destroyed once the last one is over.
+    device = sim.device(0)
+    with aiogpu.Stream(device) as stream, Latch(device) as latch:
+        latch.block(stream)
+        event = stream.record()
+        scopes = [anyio.CancelScope() for _ in range(3)]
+        woke = []
+
+        async def waiter(scope: anyio.CancelScope) -> None:
+            with scope:
+                await event.wait(strategy=strategy)
+                woke.append(scope)
+
+        with anyio.fail_after(TIMEOUT):
+            async with anyio.create_task_group() as tg:
+                for scope in scopes:
+                    tg.start_soon(waiter, scope)
+                await anyio.wait_all_tasks_blocked()
+                live = sim.statistics().live_events
+                event.close()
+                scopes[0].cancel()
+                scopes[1].cancel()
+                await anyio.wait_all_tasks_blocked()
+                assert sim.statistics().live_events == live  # the third wait still holds it
+                latch.release()
+        assert woke == [scopes[2]]
+        await anyio.to_thread.run_sync(settle_waiter_threads)  # a waiter thread holds it too until its job ends
+        await anyio.to_thread.run_sync(armer_caught_up)
+        assert sim.statistics().live_events == 1  # only the latch's own marker event is left
+
+
+async def test_a_closed_event_whose_waits_are_all_cancelled_is_destroyed_at_once(sim: SimulatedDriver) -> None:
+    # With no thread involved (``poll``), nothing but the waits holds the handle: once the last
+    # of them is cancelled, the closed event is destroyed though its work is still held.
+    device = sim.device(0)
+    with aiogpu.Stream(device) as stream, Latch(device) as latch:
+        latch.block(stream)
+        event = stream.record()
+        with anyio.fail_after(TIMEOUT):
+            async with anyio.create_task_group() as tg:
+                for _ in range(3):
+                    tg.start_soon(partial(event.wait, strategy="poll"))
+                await anyio.wait_all_tasks_blocked()
+                live = sim.statistics().live_events
+                event.close()
+                assert sim.statistics().live_events == live
+                tg.cancel_scope.cancel()
+        assert sim.statistics().live_events == live - 1
 
 
 async def test_dropped_event_whose_wait_was_cancelled_with_a_host_function_enqueued(device: aiogpu.Device) -> None:

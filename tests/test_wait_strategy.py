@@ -292,3 +292,32 @@ async def test_a_lone_close_watch_still_sees_other_streams_re_recordings_and_fau
                 held_again.fail()  # a fault while watched reaches the waiting task
         assert outcomes == {"b": "done", "a": "CUDA_ERROR_ILLEGAL_ADDRESS"}
         event_b.close()
+
+
+@pytest.mark.anyio
+async def test_back_off_polls_are_jittered(sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A wait left pending is polled on a back-off schedule. Were every interval the same, the
+    # watcher could wake in lockstep with another periodic timer of the loop: anyio's
+    # wait_all_tasks_blocked then kept finding it just woken, for seconds (a flaky test).
+    from aiogpu._wait import _watcher
+
+    monkeypatch.setitem(_watcher.COLD_POLL, "poll", (1e-3, 1e-3))
+    intervals: list[float] = []
+    park = _watcher.Watcher._park
+
+    async def recorded(self: _watcher.Watcher, now: float, wake_at: float, precise: bool) -> None:
+        intervals.append(wake_at - now)
+        await park(self, now, wake_at, precise)
+
+    monkeypatch.setattr(_watcher.Watcher, "_park", recorded)
+    with aiogpu.Stream(sim.device(0)) as stream:
+        work = sim.launch(stream)
+        event = stream.record()
+        with anyio.move_on_after(0.1):
+            await event.wait(strategy="poll")
+        work.release()
+    polls = intervals[1:]  # the first comes straight after the close watch
+    assert len(polls) >= 10, intervals
+    jitter = _watcher.COLD_POLL_JITTER
+    assert all((1 - jitter) * 1e-3 <= poll <= (1 + jitter) * 1e-3 for poll in polls), polls
+    assert max(polls) - min(polls) > 0.2e-3, polls

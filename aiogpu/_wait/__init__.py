@@ -22,27 +22,28 @@
 
 All four share one watcher per loop (``_watcher``), which queries only the oldest pending
 wait of each stream, so ten thousand waits cost about as much as the streams they are on.
-``Event.wait`` has already checkpointed, checked and queried the event once; a strategy is only
-entered for work that is still pending. The rule that picks between the strategies' behaviours
+``Event.wait`` is the watcher's ``wait`` coroutine itself: it checks the event, queries it once
+(done: a checkpoint and nothing more) and otherwise joins or opens the watcher's entry for that
+recording, which keeps the handle alive while pending. The rule that picks between the strategies' behaviours
 lives in ``_watcher`` (its ``WATCH_UNPREDICTED``, ``LEAD`` and ``COLD_POLL`` tables), measured
 in ``benchmarks/wake.py``.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
+from typing import TYPE_CHECKING, Protocol
 
 from . import _watcher
+from ._strategy import STRATEGIES as STRATEGIES
+from ._strategy import WaitStrategy as WaitStrategy
+from ._strategy import check_strategy as check_strategy
+from ._strategy import get_default_wait_strategy as get_default_wait_strategy
+from ._strategy import set_default_wait_strategy as set_default_wait_strategy
 
 if TYPE_CHECKING:
-    from collections.abc import Coroutine
-
     from .._device import Device
     from .._driver import Driver
     from .._lifetime import HandleLifetime
-
-WaitStrategy = Literal["auto", "poll", "thread", "callback"]
-STRATEGIES: tuple[str, ...] = get_args(WaitStrategy)
 
 
 class WaitTarget(Protocol):
@@ -66,47 +67,8 @@ class WaitTarget(Protocol):
     def _record_sequence(self) -> int: ...
     @property
     def is_blocking_sync(self) -> bool: ...
+    def _check_recorded(self, action: str) -> None: ...
 
 
-_default: WaitStrategy = "auto"
-
-
-def check_strategy(strategy: object) -> WaitStrategy:
-    """``strategy`` if it names a strategy (``None``: the process-wide default)."""
-    if strategy is None:
-        return _default
-    if not isinstance(strategy, str):
-        raise TypeError(f"wait strategy must be a str, one of {STRATEGIES}; got {strategy!r}")
-    if strategy not in STRATEGIES:
-        raise ValueError(f"unknown wait strategy {strategy!r}; expected one of {STRATEGIES}")
-    return strategy  # type: ignore[return-value]
-
-
-def wait(target: WaitTarget, strategy: WaitStrategy) -> Coroutine[Any, Any, None]:
-    """Wait (the work is pending) until ``target``'s work completes; raise ``CudaError`` on failure.
-
-    Returns the watcher's coroutine itself: no frame of its own to resume on every wake-up.
-    """
-    return _watcher.current().wait(target, strategy)
-
-
-def set_default_wait_strategy(strategy: WaitStrategy) -> None:
-    """Set the strategy ``await event`` uses when the call does not name one.
-
-    Args:
-        strategy: ``"auto"``, ``"poll"``, ``"thread"`` or ``"callback"``; see the README's
-            "Wait strategies".
-
-    Raises:
-        TypeError: ``strategy`` is not a string.
-        ValueError: ``strategy`` is not a known strategy.
-    """
-    global _default
-    if strategy is None:
-        raise TypeError(f"wait strategy must be a str, one of {STRATEGIES}; got None")
-    _default = check_strategy(strategy)
-
-
-def get_default_wait_strategy() -> WaitStrategy:
-    """The strategy ``await event`` uses when the call does not name one (initially ``"auto"``)."""
-    return _default
+#: ``Event.wait`` itself: the engine's coroutine, so a wake-up resumes no frame of the event's own.
+wait = _watcher.wait

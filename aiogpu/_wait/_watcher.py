@@ -35,6 +35,7 @@ from __future__ import annotations
 import copy
 import itertools
 import math
+import random
 import time
 import weakref
 from collections import deque
@@ -42,6 +43,7 @@ from typing import TYPE_CHECKING, Literal
 
 from .. import _loop
 from . import _doorbell, _helpers, _predict, _thread, _timer
+from ._strategy import check_strategy
 
 if TYPE_CHECKING:
     import asyncio
@@ -73,6 +75,11 @@ LATENESS_SHARE = 0.15
 #: Parked queues are queried at least this often (first, then doubling to the cap). For
 #: ``callback`` this is the watchdog: host functions never run after a sticky context error.
 COLD_POLL = {"auto": (1e-3, 10e-3), "poll": (0.25e-3, 2e-3), "thread": (1e-3, 10e-3), "callback": (1e-3, 10e-3)}
+#: Each back-off interval is stretched or shrunk at random by up to this share, so that a wait
+#: left pending does not wake the loop in lockstep with another periodic timer. Without it,
+#: anyio's ``wait_all_tasks_blocked`` (which looks every 100 ms, the loop waking on whole
+#: milliseconds) kept finding the watcher just woken, ten polls later, for seconds on end.
+COLD_POLL_JITTER = 0.2
 
 
 #: ``auto`` parks at most this many streams' waits on waiter threads; the others are queried on
@@ -113,10 +120,24 @@ class _DriverFlag:
 class _Entry:
     """One recording of one event that tasks of this loop are waiting for."""
 
-    __slots__ = ("error", "generation", "mode", "recorded_at", "sequence", "serial", "signals", "started", "target")
+    __slots__ = (
+        "error",
+        "generation",
+        "holds_handle",
+        "mode",
+        "recorded_at",
+        "sequence",
+        "serial",
+        "signals",
+        "started",
+        "target",
+    )
 
     def __init__(self, target: WaitTarget, mode: Mode, now: float) -> None:
         self.target = target
+        # The entry, not each waiting task, keeps the handle alive through a close() while it is
+        # pending (``HandleLifetime``): released once, when it completes or its last task leaves.
+        self.holds_handle = True
         self.mode = mode
         self.started = now  # time.perf_counter() when the first task began waiting (hang reports)
         self.serial = next(_entry_serials)  # tells this wait from every other one (hang reports)
@@ -172,43 +193,17 @@ class Watcher:
         self._lateness_max = 0.0  # the largest of them: read by every ``auto`` head's plan
         self._auto_backstops: set[_Queue] = set()  # queues whose ``auto`` head a waiter thread watches
 
-    # -- the waiting task's side --------------------------------------------------------------
-    async def wait(self, target: WaitTarget, mode: Mode) -> None:
-        key = (id(target), target._generation)
-        driving = not self._running
-        signal = _DriverFlag() if driving else self._backend.new_signal()
-        entry = self._entries.get(key)
-        if entry is None:
-            now = time.perf_counter()
-            entry = self._entries[key] = _Entry(target, mode, now)
-            entry.signals[signal] = None  # before it is planned: a head without waiters is skipped
-            self._enqueue(entry, now)
-        else:
-            entry.signals[signal] = None
-        try:
-            if not driving:
-                self._poke()
-                await signal.wait()
-            else:  # nobody watches: this task does, so its own wake-up costs no hand-off
-                self._running = True
-                try:
-                    await self._drive(until=signal)
-                finally:
-                    self._hand_over()
-        except BaseException:
-            self._leave(entry, signal)
-            raise
-        if entry.error is not None:
-            raise copy.copy(entry.error)
-
+    # -- the waiting task's side (``wait`` below) ---------------------------------------------
     def pending(self) -> list[_Entry]:
         """The recordings this loop's tasks are waiting for, oldest wait first."""
         return sorted(self._entries.values(), key=lambda entry: entry.started)
 
     def _leave(self, entry: _Entry, signal: Signal) -> None:
         entry.signals.pop(signal, None)
-        if not entry.signals and self._entries.get((id(entry.target), entry.generation)) is entry:
-            del self._entries[(id(entry.target), entry.generation)]  # the queue drops it lazily
+        if not entry.signals:
+            if self._entries.get((id(entry.target), entry.generation)) is entry:
+                del self._entries[(id(entry.target), entry.generation)]  # the queue drops it lazily
+            _release_handle(entry)  # never queried again: abandoned entries are skipped unasked
 
     def _enqueue(self, entry: _Entry, now: float) -> None:
         """Queue ``entry`` in record order (waits may start in any order; streams complete in order)."""
@@ -492,7 +487,7 @@ class Watcher:
             ):
                 self._start_backstop(queue, None)
             if now >= queue.next_poll:  # it was just queried by the sweep: back off
-                queue.next_poll = now + queue.backoff
+                queue.next_poll = now + queue.backoff * random.uniform(1 - COLD_POLL_JITTER, 1 + COLD_POLL_JITTER)
                 queue.backoff = min(2 * queue.backoff, COLD_POLL[mode][1])
             if queue.next_poll < wake_at:
                 wake_at, precise = queue.next_poll, False
@@ -613,6 +608,7 @@ class Watcher:
             del self._entries[key]
         for signal in entry.signals:
             signal.set()
+        _release_handle(entry)
 
     def _fail_queue(self, queue: _Queue, error: BaseException) -> None:
         for entry in queue.entries:
@@ -625,6 +621,79 @@ class Watcher:
             self._fail_queue(queue, error)
             self._drop_backstop(queue)
         self._queues.clear()
+
+
+def _release_handle(entry: _Entry) -> None:
+    if entry.holds_handle:
+        entry.holds_handle = False
+        entry.target._lifetime.release()
+
+
+async def wait(target: WaitTarget, *, strategy: Mode | None = None) -> None:
+    """Wait until the captured work has completed, without blocking the event loop.
+
+    Always a checkpoint, even if the work is already done. ``await event`` is the same as
+    ``await event.wait()``.
+
+    Args:
+        strategy: ``"auto"``, ``"poll"``, ``"thread"`` or ``"callback"`` (see the README's
+            "Wait strategies"); the default is :func:`aiogpu.get_default_wait_strategy`.
+
+    Raises:
+        EventStateError: The event was never recorded.
+        CudaError: The captured work failed, for example with ``CUDA_ERROR_ILLEGAL_ADDRESS``
+            from an earlier kernel; every task awaiting the event gets it.
+        ClosedResourceError: The event was closed.
+
+    Cancellation:
+        Returns promptly with every strategy (the ``thread`` strategy does not wait for
+        the GPU). The GPU work and the event are untouched: the event can be awaited
+        again. Nothing is leaked; a waiter thread already blocked in the driver returns
+        to the pool when the work completes.
+    """
+    # This is ``Event.wait`` itself (one coroutine frame per waiting task, the engine's: every
+    # frame more is resumed on every wake-up, 10,000 times in a fan-out).
+    mode = check_strategy(strategy)
+    target._check_recorded("await")
+    watcher = current()
+    key = (id(target), target._generation)
+    entry = watcher._entries.get(key)
+    if entry is None:  # nobody waits for this recording yet: is it done already?
+        lifetime = target._lifetime
+        lifetime.acquire()  # held by the entry from here on (``_release_handle``)
+        try:
+            done = target._driver.event_query(target._handle)
+        except BaseException:
+            lifetime.release()
+            raise
+        if done:
+            lifetime.release()
+            await watcher._backend.yield_now()  # a checkpoint even when already done
+            return
+    driving = not watcher._running
+    signal = _DriverFlag() if driving else watcher._backend.new_signal()
+    if entry is None:
+        now = time.perf_counter()
+        entry = watcher._entries[key] = _Entry(target, mode, now)
+        entry.signals[signal] = None  # before it is planned: a head without waiters is skipped
+        watcher._enqueue(entry, now)
+    else:
+        entry.signals[signal] = None
+    try:
+        if not driving:
+            watcher._poke()
+            await signal.wait()
+        else:  # nobody watches: this task does, so its own wake-up costs no hand-off
+            watcher._running = True
+            try:
+                await watcher._drive(until=signal)
+            finally:
+                watcher._hand_over()
+    except BaseException:
+        watcher._leave(entry, signal)
+        raise
+    if entry.error is not None:
+        raise copy.copy(entry.error)
 
 
 _asyncio_watchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Watcher] = weakref.WeakKeyDictionary()
