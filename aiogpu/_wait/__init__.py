@@ -24,9 +24,9 @@ All four share one watcher per loop (``_watcher``), which queries only the oldes
 wait of each stream, so ten thousand waits cost about as much as the streams they are on.
 ``Event.wait`` is the watcher's ``wait`` coroutine itself: it checks the event, queries it once
 (done: a checkpoint and nothing more) and otherwise joins or opens the watcher's entry for that
-recording, which keeps the handle alive while pending. The rule that picks between the strategies' behaviours
-lives in ``_watcher`` (its ``WATCH_UNPREDICTED``, ``LEAD`` and ``COLD_POLL`` tables), measured
-in ``benchmarks/wake.py``.
+recording, which keeps the handle alive while pending. The rule that picks between the
+strategies' behaviours lives in ``_watcher`` (its ``WATCH_UNPREDICTED``, ``LEAD`` and
+``COLD_POLL`` tables), measured in ``benchmarks/wake.py``.
 """
 
 from __future__ import annotations
@@ -70,5 +70,4 @@ class WaitTarget(Protocol):
     def _check_recorded(self, action: str) -> None: ...
 
 
-#: ``Event.wait`` itself: the engine's coroutine, so a wake-up resumes no frame of the event's own.
-wait = _watcher.wait
+wait = _watcher.wait  # ``Event.wait``

@@ -39,11 +39,11 @@ import random
 import time
 import weakref
 from collections import deque
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from .. import _loop
 from . import _doorbell, _helpers, _predict, _thread, _timer
-from ._strategy import check_strategy
+from ._strategy import WaitStrategy, check_strategy
 
 if TYPE_CHECKING:
     import asyncio
@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from .._loop import Backend, Signal
     from . import WaitTarget
 
-Mode = Literal["auto", "callback", "poll", "thread"]
+Mode = WaitStrategy
 #: Strategies that never watch on the loop: a thread or the driver tells the loop when to look.
 _OFF_LOOP = ("callback", "thread")
 
