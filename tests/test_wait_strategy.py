@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Awaitable, Callable
 from functools import partial
+from typing import Any
 
 import anyio
 import pytest
@@ -321,3 +324,76 @@ async def test_back_off_polls_are_jittered(sim: SimulatedDriver, monkeypatch: py
     jitter = _watcher.COLD_POLL_JITTER
     assert all((1 - jitter) * 1e-3 <= poll <= (1 + jitter) * 1e-3 for poll in polls), polls
     assert max(polls) - min(polls) > 0.2e-3, polls
+
+
+async def _queries_per_beat(sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch, beat_cost: float) -> list[list[float]]:
+    """When each query of a lone ``poll`` wait was made, grouped by the watcher's yields to the
+    loop (and parks); each yield comes back ``beat_cost`` later at the earliest (as if other
+    tasks had run meanwhile)."""
+    from aiogpu import _loop
+    from aiogpu._wait import _watcher
+
+    beat = 0
+    beats: dict[int, list[float]] = {}
+    query = sim.event_query
+
+    def timed(event: int) -> bool:
+        beats.setdefault(beat, []).append(time.perf_counter())
+        return query(event)
+
+    def slowed(yield_now: Callable[[Any], Awaitable[None]]) -> Callable[[Any], Awaitable[None]]:
+        async def slow_yield(backend: Any) -> None:
+            nonlocal beat
+            beat += 1
+            back_at = time.perf_counter() + beat_cost
+            await yield_now(backend)
+            while time.perf_counter() < back_at:
+                pass
+
+        return slow_yield
+
+    park = _watcher.Watcher._park
+
+    async def counted_park(self: _watcher.Watcher, now: float, wake_at: float, precise: bool) -> None:
+        nonlocal beat
+        beat += 1
+        await park(self, now, wake_at, precise)
+
+    for backend in (_loop.AsyncioBackend, _loop.TrioBackend):
+        monkeypatch.setattr(backend, "yield_now", slowed(backend.yield_now))
+    monkeypatch.setattr(_watcher.Watcher, "_park", counted_park)
+    with aiogpu.Stream(sim.device(0)) as stream:
+        work = sim.launch(stream)
+        event = stream.record()
+        monkeypatch.setattr(sim, "event_query", timed)
+        with anyio.move_on_after(0.005):  # within poll's 2 ms close watch of an unpredicted wait
+            await event.wait(strategy="poll")
+        monkeypatch.setattr(sim, "event_query", query)
+        work.release()
+    return [times for number, times in beats.items() if number]  # from the first yield on
+
+
+@pytest.mark.anyio
+async def test_a_close_watch_on_an_idle_loop_asks_again_before_yielding(
+    sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A loop iteration costs a few µs, half of which a lone wait would add to its wake-up: when
+    # nothing else was ready, the close watch asks again at once, for at most IDLE_SPIN.
+    from aiogpu._wait import _watcher
+
+    beats = await _queries_per_beat(sim, monkeypatch, beat_cost=0.0)
+    assert max(len(times) for times in beats) > 1, "never asked twice in a beat"
+    spans = sorted(times[-1] - times[0] for times in beats if len(times) > 1)
+    assert spans[len(spans) // 2] <= _watcher.IDLE_SPIN + 5e-6, f"kept the loop for {spans} s"
+    assert spans[-1] < 5 * _watcher.IDLE_SPIN, f"kept the loop for {spans[-1] * 1e6:.0f} µs"  # a preemption at most
+
+
+@pytest.mark.anyio
+async def test_a_close_watch_on_a_busy_loop_yields_after_every_query(
+    sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aiogpu._wait import _watcher
+
+    beats = await _queries_per_beat(sim, monkeypatch, beat_cost=2 * _watcher.IDLE_BEAT)
+    assert len(beats) > 5, beats
+    assert all(len(times) == 1 for times in beats), [len(times) for times in beats]

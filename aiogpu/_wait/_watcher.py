@@ -91,6 +91,15 @@ AUTO_BACKSTOPS_MAX = 8
 KEEP_IDLE_QUEUES = 64
 
 
+#: During a close watch, when the loop came back from a yield within ``IDLE_BEAT`` (nothing else
+#: was ready to run), the head is queried again and again for up to ``IDLE_SPIN`` before the
+#: next yield: a loop iteration costs a few µs (``select(0)`` and the loop's bookkeeping), which
+#: a lone wait would otherwise add to its wake-up, half an iteration on average. Other tasks
+#: wait at most ``IDLE_SPIN`` for their turn, and only when none was ready a moment ago.
+IDLE_BEAT = 15e-6
+IDLE_SPIN = 20e-6
+
+
 def _watch_past_prediction(estimate: float) -> float:
     return max(100e-6, 0.25 * estimate)
 
@@ -265,23 +274,29 @@ class Watcher:
         query, handle, generation = target._driver.event_query, target._handle, head.generation
         watch_until = max(queue.watch_until, queue.momentum_until)
         queues, entries = self._queues, queue.entries
-        yield_now = self._backend.yield_now
+        yield_now, clock = self._backend.yield_now, time.perf_counter
+        now = clock()
         while True:
+            yielded_at = now
             await yield_now()
             if len(queues) != 1 or not entries or entries[0] is not head or not head.signals:
                 return False
             if target._generation != generation:
                 return False
-            now = time.perf_counter()
+            now = clock()
             if now > watch_until and not queue.progressed:
                 return False
+            spin_until = now + IDLE_SPIN if now - yielded_at < IDLE_BEAT else now
             try:
-                done = query(handle)
+                while not (done := query(handle)):
+                    queue.last_query = now  # asked at ``now``: pending
+                    now = clock()
+                    if now >= spin_until:
+                        break
             except Exception:  # the sweep asks again and delivers the error
                 return False
             if done:
                 break
-            queue.last_query = now
             queue.progressed = False
         self._complete(head)  # first: what the waiting tasks are waiting for
         entries.popleft()
