@@ -36,6 +36,17 @@ def markdown(result: dict[str, Any]) -> str:
             f"{row['cpu_fraction_of_floor']:.0%} | {row['lag_p99_ms']:.2f} | {row['lag_max_ms']:.2f} | "
             f"{row.get('timer_lag_p99_ms', float('nan')):.2f} | {row.get('gc_pauses', '?')} ({row.get('gc_pause_max_ms', float('nan')):.2f}) |"
         )
+    idle = result.get("idle_lag", [])
+    if idle:
+        lines += [
+            "",
+            "The same probe on an idle loop (no waits at all, the lag the machine alone causes), before each workload: "
+            + "; ".join(
+                f"before {row['before_work_us']:.0f} µs: lag p99 {row['lag_p99_ms']:.2f} ms, max {row['lag_max_ms']:.2f} ms"
+                for row in idle
+            )
+            + ".",
+        ]
     lines += [
         "",
         "Fan-out: waiting tasks awaiting events queued behind a latch on N streams (20 µs kernels),",

@@ -16,7 +16,9 @@ for each way of waiting:
   and how late a 1 kHz ``asyncio.sleep`` ticker wakes. The second is shown for completeness:
   asyncio and libuv round a sleep's timeout up to whole milliseconds, so a ticker woken by
   anything else just before its deadline sleeps a further millisecond; its p99 sits near 1 ms
-  for every waiter that wakes the loop at all, baselines included;
+  for every waiter that wakes the loop at all, baselines included; and, before each workload, the
+  same probe on a loop that runs nothing else: the lag the machine alone causes (a loop asleep
+  in ``epoll_wait`` woken late by the OS), the reference for every other case's lag;
 
 and fan-out: 1,000 and 10,000 concurrent waiters over 1, 8 and 64 streams, work queued behind a
 latch and then released, ``FANOUT_REPEATS`` times each (medians): wall time against two floors — the GPU floor (synchronizing the last
@@ -41,6 +43,7 @@ import asyncio
 import datetime
 import gc
 import json
+import math
 import os
 import platform
 import statistics
@@ -231,9 +234,32 @@ async def loop_lag(
     return probe.stop(), ticker_lags
 
 
-async def latency_cases(device: aiogpu.Device, quick: bool, probe: InputProbe) -> list[LatencyRow]:
-    rows = []
+@dataclass
+class IdleLagRow:
+    """The lag of a loop running nothing but the probe: what the machine alone costs."""
+
+    before_work_us: float
+    lag_p99_ms: float
+    lag_max_ms: float
+
+
+async def idle_lag(seconds: float, probe: InputProbe, before_work: float) -> IdleLagRow:
+    probe.start()
+    await asyncio.sleep(seconds)
+    lags = probe.stop()
+    p99 = percentile(lags, 0.99) * 1e3 if lags else math.nan
+    return IdleLagRow(before_work * 1e6, p99, max(lags, default=math.nan) * 1e3)
+
+
+async def latency_cases(device: aiogpu.Device, quick: bool, probe: InputProbe) -> tuple[list[LatencyRow], list[IdleLagRow]]:
+    rows, idle = [], []
     for work in WORKLOADS:
+        reference = await idle_lag(0.2 if quick else LAG_SECONDS, probe, work)  # the probe alone
+        idle.append(reference)
+        print(
+            f"idle loop before the {work * 1e6:.0f} us cases: lag p99 {reference.lag_p99_ms:6.2f} ms  max {reference.lag_max_ms:6.2f} ms",
+            flush=True,
+        )
         waits = (30 if quick else 100) if work >= 1e-3 else (100 if quick else 400)
         floor: LatencyRow | None = None
         for name, make in baselines.latency_waiters(device):
@@ -273,7 +299,7 @@ async def latency_cases(device: aiogpu.Device, quick: bool, probe: InputProbe) -
                     f"  timer lag p99 {row.timer_lag_p99_ms:6.2f} ms  gc {row.gc_pauses} pauses, max {row.gc_pause_max_ms:5.2f} ms",
                     flush=True,
                 )
-    return rows
+    return rows, idle
 
 
 async def fanout_case(device: aiogpu.Device, name: str, waiters: int, nstreams: int) -> tuple[float, float, int]:
@@ -384,16 +410,21 @@ def main(out: Path, quick: bool) -> None:
     gc.collect()
     gc.freeze()  # as a server does after start-up: collections skip the imported modules' objects
 
-    async def latency() -> list[LatencyRow]:
+    async def latency() -> tuple[list[LatencyRow], list[IdleLagRow]]:
         probe = InputProbe()
         try:
             return await latency_cases(device, quick, probe)
         finally:
             probe.close()
 
-    rows = asyncio.run(latency())
+    rows, idle = asyncio.run(latency())
     fanout = [row for name, run in event_loops() for row in run(fanout_cases(device, quick, name))]
-    result = {"environment": environment, "latency": [asdict(r) for r in rows], "fanout": [asdict(r) for r in fanout]}
+    result = {
+        "environment": environment,
+        "latency": [asdict(r) for r in rows],
+        "idle_lag": [asdict(r) for r in idle],
+        "fanout": [asdict(r) for r in fanout],
+    }
     out.mkdir(parents=True, exist_ok=True)
     (out / "wake.json").write_text(json.dumps(result, indent=1))
     (out / "wake.md").write_text(report.markdown(result))

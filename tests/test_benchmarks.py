@@ -34,6 +34,10 @@ def test_the_wake_benchmark_runs_on_the_simulated_device_and_labels_it(tmp_path:
     for work in (20.0, 200.0, 5000.0):
         measured = {row["strategy"] for row in result["latency"] if row["work_us"] == work}
         assert strategies <= measured, f"{work} µs: {sorted(measured)}"
+    # The lag reference: the same probe on a loop running nothing else, before each workload.
+    assert [row["before_work_us"] for row in result["idle_lag"]] == [20.0, 200.0, 5000.0]
+    assert all(0 <= row["lag_p99_ms"] <= row["lag_max_ms"] for row in result["idle_lag"])
+    assert "The same probe on an idle loop" in (tmp_path / "wake.md").read_text()
     loops = {row["loop"] for row in result["fanout"]}
     assert "asyncio" in loops
     fanout = {(row["loop"], row["waiters"], row["streams"], row["strategy"]) for row in result["fanout"]}
