@@ -397,3 +397,105 @@ async def test_a_close_watch_on_a_busy_loop_yields_after_every_query(
     beats = await _queries_per_beat(sim, monkeypatch, beat_cost=2 * _watcher.IDLE_BEAT)
     assert len(beats) > 5, beats
     assert all(len(times) == 1 for times in beats), [len(times) for times in beats]
+
+
+async def _drives_per_wait(sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch, strategy: str) -> list[int]:
+    """Ten waits on 40 µs of work after three that taught the stream's predictor: how many
+    times the watcher was driven for each."""
+    from aiogpu._wait import _watcher
+
+    drives = 0
+    drive = _watcher.Watcher._drive
+
+    async def counted(self: _watcher.Watcher, until: object) -> None:
+        nonlocal drives
+        drives += 1
+        await drive(self, until)  # type: ignore[arg-type]
+
+    results = []
+    with aiogpu.Stream(sim.device(0)) as stream, aiogpu.Event(sim.device(0)) as event:
+        for number in range(13):
+            if number == 3:
+                monkeypatch.setattr(_watcher.Watcher, "_drive", counted)
+            sim.launch(stream, 40e-6)
+            event.record(stream)
+            drives = 0
+            with anyio.fail_after(10):
+                await event.wait(strategy=strategy)  # type: ignore[arg-type]
+            if number >= 3:
+                results.append(drives)
+    return results
+
+
+async def _queries_before_the_watcher(sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch, strategy: str) -> tuple[int, float]:
+    """A wait on held work that the stream's predictor says is about to finish: how many queries
+    were made, and how long after the wait started, before the watcher was driven."""
+    from aiogpu._wait import _predict, _watcher
+
+    queries: list[float] = []
+    query = sim.event_query
+    first_drive: tuple[int, float] | None = None
+    driven = anyio.Event()
+    drive = _watcher.Watcher._drive
+
+    async def noted(self: _watcher.Watcher, until: object) -> None:
+        nonlocal first_drive
+        if first_drive is None:
+            first_drive = (len(queries), time.perf_counter())
+            driven.set()
+        await drive(self, until)  # type: ignore[arg-type]
+
+    def counted(event: int) -> bool:
+        queries.append(time.perf_counter())
+        return query(event)
+
+    with aiogpu.Stream(sim.device(0)) as stream, aiogpu.Event(sim.device(0)) as event:
+        for _ in range(3):  # the stream's queue and predictor exist
+            sim.launch(stream, 40e-6)
+            event.record(stream)
+            await event.wait(strategy=strategy)  # type: ignore[arg-type]
+        work = sim.launch(stream)
+        event.record(stream)
+        _predict.for_stream(event._stream_key).estimate = 10e-6  # "about to finish"
+        monkeypatch.setattr(_watcher.Watcher, "_drive", noted)
+        monkeypatch.setattr(sim, "event_query", counted)
+        started = time.perf_counter()
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(partial(event.wait, strategy=strategy))  # type: ignore[arg-type]
+                await driven.wait()
+                work.release()
+    assert first_drive is not None
+    count, at = first_drive
+    return count, at - started
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("strategy", ["auto", "poll"])
+async def test_short_work_is_watched_where_its_wait_starts(
+    sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch, strategy: str
+) -> None:
+    # Predicted to finish within SPIN_AHEAD: yield once, then query until done, with no entry,
+    # plan or watcher drive (what a lone 20 µs wait would otherwise spend its wake-up on).
+    drives = await _drives_per_wait(sim, monkeypatch, strategy)
+    assert sum(count == 0 for count in drives) >= 5, drives
+
+
+@pytest.mark.anyio
+async def test_short_work_that_runs_late_falls_back_to_the_watcher_promptly(
+    sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aiogpu._wait import _watcher
+
+    queries, after = await _queries_before_the_watcher(sim, monkeypatch, "poll")
+    assert queries > 2, queries  # it did watch where the wait started, then handed over
+    assert after < _watcher.SPIN_AHEAD + _watcher.IDLE_SPIN + 1e-3, f"spun for {after * 1e6:.0f} µs"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("strategy", ["thread", "callback"])
+async def test_off_loop_strategies_never_watch_on_the_loop(
+    sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch, strategy: str
+) -> None:
+    queries, _ = await _queries_before_the_watcher(sim, monkeypatch, strategy)
+    assert queries == 1, queries  # the one every wait starts with
