@@ -488,7 +488,7 @@ async def test_short_work_that_runs_late_falls_back_to_the_watcher_promptly(
     from aiogpu._wait import _watcher
 
     queries, after = await _queries_before_the_watcher(sim, monkeypatch, "poll")
-    assert queries > 2, queries  # it did watch where the wait started, then handed over
+    assert queries >= 2, queries  # it asked again where the wait started, then handed over
     assert after < _watcher.SPIN_AHEAD + _watcher.IDLE_SPIN + 1e-3, f"spun for {after * 1e6:.0f} µs"
 
 
