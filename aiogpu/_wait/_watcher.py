@@ -241,7 +241,8 @@ class Watcher:
     async def _spin_ahead(self, target: WaitTarget) -> bool:
         """If the target's stream's work is predicted to finish within ``SPIN_AHEAD``: yield once
         (the wait's checkpoint), then query until it is done or ``IDLE_SPIN`` past the
-        prediction. Whether it was seen done (never after a yield: its wake-up costs none)."""
+        prediction. Returns whether it was seen done; nothing yields after that, so the wake-up
+        costs no loop iteration."""
         queue = self._idle_queues.get(target._stream_key)
         if queue is None or queue.predictor.estimate is None:
             return False
