@@ -18,7 +18,8 @@ def _title(environment: dict[str, Any]) -> str:
 def markdown(result: dict[str, Any]) -> str:
     lines = [f"# Wake-up benchmark: {_title(result['environment'])}", ""]
     lines += [
-        "Overhead is over the floor (a spinning `cuEventSynchronize` on the loop) in the same run;",
+        "Overhead is over the floor (a spinning `cuEventSynchronize` on the loop) in the same run; each",
+        "workload's ways of waiting are measured in interleaved rounds (older results: one after the other);",
         "CPU is process CPU time per wait. Lag is how late the loop reads input that another process",
         "writes to a pipe at 1 kHz while the waits run; timer lag is how late a 1 kHz `asyncio.sleep` ticker",
         "wakes (asyncio rounds sleeps up to whole milliseconds, so it nears 1 ms whenever anything",
@@ -40,9 +41,9 @@ def markdown(result: dict[str, Any]) -> str:
     if idle:
         lines += [
             "",
-            "The same probe on an idle loop (no waits at all, the lag the machine alone causes), before each workload: "
+            "The same probe on an idle loop (no waits at all: the lag the machine alone causes), in the rounds of each workload: "
             + "; ".join(
-                f"before {row['before_work_us']:.0f} µs: lag p99 {row['lag_p99_ms']:.2f} ms, max {row['lag_max_ms']:.2f} ms"
+                f"{row.get('work_us', row.get('before_work_us', 0)):.0f} µs: lag p99 {row['lag_p99_ms']:.2f} ms, max {row['lag_max_ms']:.2f} ms"
                 for row in idle
             )
             + ".",

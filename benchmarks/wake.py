@@ -16,9 +16,12 @@ for each way of waiting:
   and how late a 1 kHz ``asyncio.sleep`` ticker wakes. The second is shown for completeness:
   asyncio and libuv round a sleep's timeout up to whole milliseconds, so a ticker woken by
   anything else just before its deadline sleeps a further millisecond; its p99 sits near 1 ms
-  for every waiter that wakes the loop at all, baselines included; and, before each workload, the
-  same probe on a loop that runs nothing else: the lag the machine alone causes (a loop asleep
-  in ``epoll_wait`` woken late by the OS), the reference for every other case's lag;
+  for every waiter that wakes the loop at all, baselines included; and the same probe on a loop
+  that runs nothing else: the lag the machine alone causes (a loop asleep in ``epoll_wait``
+  woken late by the OS), the reference for every other case's lag;
+
+each workload in ``LATENCY_ROUNDS`` rounds, every way of waiting (and the idle probe) once per
+round, so that the machine's drift reaches all of them alike;
 
 and fan-out: 1,000 and 10,000 concurrent waiters over 1, 8 and 64 streams, work queued behind a
 latch and then released, ``FANOUT_REPEATS`` times each (medians): wall time against two floors — the GPU floor (synchronizing the last
@@ -40,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime
 import gc
 import json
@@ -51,7 +55,7 @@ import struct
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -78,6 +82,9 @@ FANOUT_KERNEL = 20e-6
 FANOUT_REPEATS = 5
 #: The responsiveness probes run at least this long per case (p99 of ~500 ticks, not ~5).
 LAG_SECONDS = 0.5
+#: Each workload's ways of waiting are measured in this many rounds, one after the other within
+#: a round (the machine drifts: a noisy second must not land on one way of waiting alone).
+LATENCY_ROUNDS = 5
 
 
 @dataclass
@@ -238,67 +245,100 @@ async def loop_lag(
 class IdleLagRow:
     """The lag of a loop running nothing but the probe: what the machine alone costs."""
 
-    before_work_us: float
+    work_us: float  # measured in the rounds of this workload
     lag_p99_ms: float
     lag_max_ms: float
 
 
-async def idle_lag(seconds: float, probe: InputProbe, before_work: float) -> IdleLagRow:
+async def idle_lag(seconds: float, probe: InputProbe) -> list[float]:
+    """Lags of the probe on a loop that runs nothing else for ``seconds``."""
     probe.start()
     await asyncio.sleep(seconds)
-    lags = probe.stop()
-    p99 = percentile(lags, 0.99) * 1e3 if lags else math.nan
-    return IdleLagRow(before_work * 1e6, p99, max(lags, default=math.nan) * 1e3)
+    return probe.stop()
+
+
+@dataclass
+class _Case:
+    """One way of waiting, measured in rounds (interleaved with the others)."""
+
+    name: str
+    wait: Callable[[], Awaitable[None]]
+    stream: aiogpu.Stream
+    samples: list[float] = field(default_factory=list)
+    cpu: float = 0.0
+    lags: list[float] = field(default_factory=list)
+    timer_lags: list[float] = field(default_factory=list)
+    gc_pauses: list[float] = field(default_factory=list)
+
+
+def _ms(values: list[float], q: float | None) -> float:
+    if not values:
+        return math.nan
+    return (percentile(values, q) if q is not None else max(values)) * 1e3
 
 
 async def latency_cases(device: aiogpu.Device, quick: bool, probe: InputProbe) -> tuple[list[LatencyRow], list[IdleLagRow]]:
     rows, idle = [], []
+    rounds = 2 if quick else LATENCY_ROUNDS
+    lag_seconds = (0.2 if quick else LAG_SECONDS) / rounds
     for work in WORKLOADS:
-        reference = await idle_lag(0.2 if quick else LAG_SECONDS, probe, work)  # the probe alone
+        waits = (30 if quick else 100) if work >= 1e-3 else (100 if quick else 400)
+        per_round = -(-waits // rounds)
+        with contextlib.ExitStack() as resources:
+            cases = []
+            for name, make in baselines.latency_waiters(device):
+                stream = resources.enter_context(aiogpu.Stream(device))  # its own: nothing learned from others
+                wait, close = make(stream)
+                resources.callback(close)
+                cases.append(_Case(name, wait, stream))
+            idle_lags: list[float] = []
+            for _ in range(rounds):  # interleaved: the machine's drift hits every way of waiting alike
+                idle_lags += await idle_lag(lag_seconds, probe)
+                for case in cases:
+                    samples, cpu = await time_waits(case.wait, case.stream, work, per_round)
+                    case.samples += samples
+                    case.cpu += cpu
+                    with GcPauses() as pauses:
+                        lags, timer_lags = await loop_lag(case.wait, case.stream, work, lag_seconds, probe)
+                    case.lags += lags
+                    case.timer_lags += timer_lags
+                    case.gc_pauses += pauses.pauses
+        reference = IdleLagRow(work * 1e6, _ms(idle_lags, 0.99), _ms(idle_lags, None))
         idle.append(reference)
         print(
-            f"idle loop before the {work * 1e6:.0f} us cases: lag p99 {reference.lag_p99_ms:6.2f} ms  max {reference.lag_max_ms:6.2f} ms",
+            f"idle loop, {work * 1e6:.0f} us rounds: lag p99 {reference.lag_p99_ms:6.2f} ms  max {reference.lag_max_ms:6.2f} ms",
             flush=True,
         )
-        waits = (30 if quick else 100) if work >= 1e-3 else (100 if quick else 400)
         floor: LatencyRow | None = None
-        for name, make in baselines.latency_waiters(device):
-            with aiogpu.Stream(device) as stream:  # a fresh stream: nothing learned from other cases
-                wait, close = make(stream)
-                try:
-                    samples, cpu = await time_waits(wait, stream, work, waits)
-                    with GcPauses() as pauses:
-                        lags, timer_lags = await loop_lag(wait, stream, work, 0.2 if quick else LAG_SECONDS, probe)
-                finally:
-                    close()
-                p50, p99 = statistics.median(samples), percentile(samples, 0.99)
-                cpu_per_wait = cpu / waits
-                row = LatencyRow(
-                    strategy=name,
-                    work_us=work * 1e6,
-                    waits=waits,
-                    p50_us=p50 * 1e6,
-                    p99_us=p99 * 1e6,
-                    overhead_p50_us=(p50 - floor.p50_us / 1e6) * 1e6 if floor else 0.0,
-                    overhead_p99_us=(p99 - floor.p99_us / 1e6) * 1e6 if floor else 0.0,
-                    cpu_us_per_wait=cpu_per_wait * 1e6,
-                    cpu_fraction_of_floor=cpu_per_wait * 1e6 / floor.cpu_us_per_wait if floor else 1.0,
-                    lag_p99_ms=percentile(lags, 0.99) * 1e3 if lags else float("nan"),
-                    lag_max_ms=max(lags) * 1e3 if lags else float("nan"),
-                    timer_lag_p99_ms=percentile(timer_lags, 0.99) * 1e3 if timer_lags else float("nan"),
-                    timer_lag_max_ms=max(timer_lags) * 1e3 if timer_lags else float("nan"),
-                    gc_pauses=len(pauses.pauses),
-                    gc_pause_max_ms=max(pauses.pauses, default=0.0) * 1e3,
-                )
-                floor = floor or row  # the first waiter is the floor
-                rows.append(row)
-                print(
-                    f"latency {work * 1e6:6.0f} us  {name:34} p50 {row.p50_us:8.1f} us (+{row.overhead_p50_us:7.1f})"
-                    f"  p99 {row.p99_us:8.1f} us (+{row.overhead_p99_us:7.1f})  cpu/wait {row.cpu_us_per_wait:7.1f} us"
-                    f" ({row.cpu_fraction_of_floor:4.0%})  lag p99 {row.lag_p99_ms:6.2f} ms  max {row.lag_max_ms:6.2f} ms"
-                    f"  timer lag p99 {row.timer_lag_p99_ms:6.2f} ms  gc {row.gc_pauses} pauses, max {row.gc_pause_max_ms:5.2f} ms",
-                    flush=True,
-                )
+        for case in cases:
+            p50, p99 = statistics.median(case.samples), percentile(case.samples, 0.99)
+            cpu_per_wait = case.cpu / len(case.samples)
+            row = LatencyRow(
+                strategy=case.name,
+                work_us=work * 1e6,
+                waits=len(case.samples),
+                p50_us=p50 * 1e6,
+                p99_us=p99 * 1e6,
+                overhead_p50_us=(p50 - floor.p50_us / 1e6) * 1e6 if floor else 0.0,
+                overhead_p99_us=(p99 - floor.p99_us / 1e6) * 1e6 if floor else 0.0,
+                cpu_us_per_wait=cpu_per_wait * 1e6,
+                cpu_fraction_of_floor=cpu_per_wait * 1e6 / floor.cpu_us_per_wait if floor else 1.0,
+                lag_p99_ms=_ms(case.lags, 0.99),
+                lag_max_ms=_ms(case.lags, None),
+                timer_lag_p99_ms=_ms(case.timer_lags, 0.99),
+                timer_lag_max_ms=_ms(case.timer_lags, None),
+                gc_pauses=len(case.gc_pauses),
+                gc_pause_max_ms=max(case.gc_pauses, default=0.0) * 1e3,
+            )
+            floor = floor or row  # the first waiter is the floor
+            rows.append(row)
+            print(
+                f"latency {work * 1e6:6.0f} us  {case.name:34} p50 {row.p50_us:8.1f} us (+{row.overhead_p50_us:7.1f})"
+                f"  p99 {row.p99_us:8.1f} us (+{row.overhead_p99_us:7.1f})  cpu/wait {row.cpu_us_per_wait:7.1f} us"
+                f" ({row.cpu_fraction_of_floor:4.0%})  lag p99 {row.lag_p99_ms:6.2f} ms  max {row.lag_max_ms:6.2f} ms"
+                f"  timer lag p99 {row.timer_lag_p99_ms:6.2f} ms  gc {row.gc_pauses} pauses, max {row.gc_pause_max_ms:5.2f} ms",
+                flush=True,
+            )
     return rows, idle
 
 
