@@ -43,8 +43,7 @@ def markdown(result: dict[str, Any]) -> str:
             "",
             "The same probe on an idle loop (no waits at all: the lag the machine alone causes), in the rounds of each workload: "
             + "; ".join(
-                f"{row.get('work_us', row.get('before_work_us', 0)):.0f} µs: lag p99 {row['lag_p99_ms']:.2f} ms, max {row['lag_max_ms']:.2f} ms"
-                for row in idle
+                f"{row['work_us']:.0f} µs: lag p99 {row['lag_p99_ms']:.2f} ms, max {row['lag_max_ms']:.2f} ms" for row in idle
             )
             + ".",
         ]
