@@ -55,7 +55,6 @@ if TYPE_CHECKING:
     from .._loop import Backend, Signal
     from . import WaitTarget
 
-Mode = WaitStrategy
 #: Strategies that never watch on the loop: a thread or the driver tells the loop when to look.
 _OFF_LOOP = ("callback", "thread")
 
@@ -106,7 +105,6 @@ IDLE_SPIN = 20e-6
 #: after query until ``IDLE_SPIN`` past the prediction, instead of through an entry, a plan and
 #: a first yield: for ~20 µs of work, setting those up costs more than the work has left.
 SPIN_AHEAD = 50e-6
-_SPINS_AHEAD = ("auto", "poll")
 
 
 def _watch_past_prediction(estimate: float) -> float:
@@ -151,7 +149,7 @@ class _Entry:
         "target",
     )
 
-    def __init__(self, target: WaitTarget, mode: Mode, now: float) -> None:
+    def __init__(self, target: WaitTarget, mode: WaitStrategy, now: float) -> None:
         self.target = target
         # The entry, not each waiting task, keeps the handle alive through a close() while it is
         # pending (``HandleLifetime``): released once, when it completes or its last task leaves.
@@ -673,7 +671,7 @@ def _release_handle(entry: _Entry) -> None:
         entry.target._lifetime.release()
 
 
-async def wait(target: WaitTarget, *, strategy: Mode | None = None) -> None:
+async def wait(target: WaitTarget, *, strategy: WaitStrategy | None = None) -> None:
     """Wait until the captured work has completed, without blocking the event loop.
 
     Always a checkpoint, even if the work is already done. ``await event`` is the same as
@@ -707,7 +705,7 @@ async def wait(target: WaitTarget, *, strategy: Mode | None = None) -> None:
         lifetime.acquire()  # held by the entry from here on (``_release_handle``)
         try:
             done = target._driver.event_query(target._handle)
-            if not done and mode in _SPINS_AHEAD and not watcher._running:  # short work, idle watcher
+            if not done and mode not in _OFF_LOOP and not watcher._running:  # short work, idle watcher
                 if await watcher._spin_ahead(target):
                     lifetime.release()
                     return  # it yielded before it saw the work done: checkpointed
