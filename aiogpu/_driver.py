@@ -366,9 +366,7 @@ class CudaDriver:
         return host
 
     def latch_block(self, stream: int, latch: int) -> None:
-        device = self._latches[latch]
-        flags = cu.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ
-        _check(cu.cuStreamWaitValue32, stream, device, 1, flags)
+        self._launch(_kernels.HOLD_KERNEL, stream, ((self._latches[latch],), (ctypes.c_uint64,)))
 
     def latch_release(self, latch: int) -> None:
         ctypes.c_uint32.from_address(latch).value = 1

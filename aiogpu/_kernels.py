@@ -7,8 +7,9 @@ compute capability 7.0 or newer (``nanosleep`` needs 7.0).
 from __future__ import annotations
 
 SPIN_KERNEL = "aiogpu_spin"
+HOLD_KERNEL = "aiogpu_hold"
 FAULT_KERNEL = "aiogpu_fault"
-NAMES = (SPIN_KERNEL, FAULT_KERNEL)
+NAMES = (SPIN_KERNEL, HOLD_KERNEL, FAULT_KERNEL)
 
 PTX = b"""
 .version 7.0
@@ -28,6 +29,26 @@ SPIN:
     sub.u64 %elapsed, %now, %start;
     setp.lt.u64 %p, %elapsed, %duration;
     @%p bra SPIN;
+    ret;
+}
+
+// Spin until the 32-bit word at flag (mapped pinned host memory) is non-zero: the Latch. A
+// running kernel holds its stream the way real work does; a stream memory wait
+// (cuStreamWaitValue32) would also stall other streams' work queued behind it in the same
+// hardware queue (seen on an H100: 8 waits stalled work on 16 unrelated streams).
+.visible .entry aiogpu_hold(.param .u64 flag)
+{
+    .reg .pred %p;
+    .reg .u64 %flag;
+    .reg .u32 %value;
+    ld.param.u64 %flag, [flag];
+HOLD:
+    ld.relaxed.sys.global.u32 %value, [%flag];
+    setp.ne.u32 %p, %value, 0;
+    @%p bra DONE;
+    nanosleep.u32 1000;
+    bra HOLD;
+DONE:
     ret;
 }
 

@@ -8,6 +8,7 @@ giving the simulated device and, on the GPU lane, the real one. Pending work is 
 
 from __future__ import annotations
 
+import threading
 import time
 from functools import partial
 
@@ -17,6 +18,7 @@ import anyio.lowlevel
 import pytest
 
 import aiogpu
+from aiogpu._wait._watcher import AUTO_BACKSTOPS_MAX
 from aiogpu.testing import Latch, launch_spin
 from tests.helpers import settle_waiter_threads
 
@@ -261,6 +263,60 @@ class Contract:
                     assert order == ["first"]
                     second_latch.release()
             assert order == ["first", "second"]
+
+    async def test_pending_waits_hold_up_no_other_stream(
+        self, device: aiogpu.Device, strategy: aiogpu.WaitStrategy, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # Work queued on any other stream (the legacy default stream, blocking and non-blocking
+        # ones) while waits are pending, in the waiter threads too, must run while the awaited
+        # work is held: a wait that stalled it would deadlock a server whose held work waits
+        # for that other work. (A helper stream parked on the event, cuStreamWaitEvent, then a
+        # blocking-sync record, did stall it on an H100 from 2 pending waits on.)
+        if strategy == "callback":
+            pytest.skip("a pending host function delays device work added to other streams afterwards (CUDA documents it)")
+        held_count = 8
+        waiter_threads = {"poll": 0, "auto": min(held_count, AUTO_BACKSTOPS_MAX)}.get(strategy, held_count)
+        polled: set[int] = set()
+        all_polled = threading.Event()
+        driver = device._driver
+        query = driver.event_query
+
+        def noted(event: int) -> bool:  # which events the waiter threads have begun to poll
+            if threading.current_thread().name.startswith("aiogpu-waiter"):
+                polled.add(event)
+                if len(polled) >= waiter_threads:
+                    all_polled.set()
+            return query(event)
+
+        monkeypatch.setattr(driver, "event_query", noted)
+        if waiter_threads == 0:
+            all_polled.set()
+        held_streams = [aiogpu.Stream(device, nonblocking=True) for _ in range(held_count)]
+        own_streams = [aiogpu.Stream(device) for _ in range(4)] + [aiogpu.Stream(device, nonblocking=True) for _ in range(11)]
+        try:
+            with Latch(device) as latch:
+                held = []
+                for stream in held_streams:
+                    latch.block(stream)
+                    held.append(stream.record())
+                with anyio.fail_after(20):
+                    async with anyio.create_task_group() as tg:
+                        for event in held:
+                            tg.start_soon(partial(event.wait, strategy=strategy))
+                        await anyio.wait_all_tasks_blocked()
+                        # The loop sleeps meanwhile: that is when waits go off the loop.
+                        assert await anyio.to_thread.run_sync(all_polled.wait, 10.0), f"{len(polled)} of {waiter_threads}"
+                        after = []
+                        for stream in (device.default_stream, *own_streams):
+                            launch_spin(stream, 1e-5)
+                            after.append(stream.record())
+                        for event in after:
+                            await event.wait(strategy=strategy)
+                        assert not any(event.is_done for event in held)
+                        latch.release()
+        finally:
+            for stream in held_streams + own_streams:
+                stream.close()
 
     async def test_never_recorded_event_raises(self, device: aiogpu.Device, strategy: aiogpu.WaitStrategy) -> None:
         with aiogpu.Event(device) as event:

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import gc
+import threading
+import time
+
+import pytest
 
 from aiogpu._wait import _thread
+from aiogpu.testing import SimulatedDriver
 
 
 def settle_waiter_threads(timeout: float = 10.0) -> _thread.PoolStatistics:
@@ -14,3 +19,22 @@ def settle_waiter_threads(timeout: float = 10.0) -> _thread.PoolStatistics:
     assert pool.wait_quiet(timeout), f"waiter jobs still running: {pool.statistics()}"
     pool.stop_idle_threads()
     return pool.statistics()
+
+
+def waiter_thread_queries(
+    sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch, enough: int = 1
+) -> tuple[list[float], threading.Event]:
+    """When waiter threads queried an event, and a latch set once they have done so ``enough`` times."""
+    times: list[float] = []
+    reached = threading.Event()
+    query = sim.event_query
+
+    def noted(event: int) -> bool:
+        if threading.current_thread().name.startswith("aiogpu-waiter"):
+            times.append(time.perf_counter())
+            if len(times) >= enough:
+                reached.set()
+        return query(event)
+
+    monkeypatch.setattr(sim, "event_query", noted)
+    return times, reached

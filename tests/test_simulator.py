@@ -23,7 +23,9 @@ import pytest
 import aiogpu
 from aiogpu import _driver
 from aiogpu._driver import EVENT_DISABLE_TIMING, EVENT_INTERPROCESS, STREAM_NON_BLOCKING
+from aiogpu._wait import _thread
 from aiogpu.testing import Latch, SimulatedDriver, launch_fault
+from tests.helpers import waiter_thread_queries
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -787,7 +789,8 @@ async def test_blocking_on_the_event_loop_is_refused(sim: SimulatedDriver) -> No
 
 
 @pytest.mark.anyio
-async def test_the_thread_strategy_never_spins(sim: SimulatedDriver) -> None:
+async def test_the_thread_strategy_never_spins(sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, polled = waiter_thread_queries(sim, monkeypatch)
     with aiogpu.Stream(sim.device(0)) as stream:
         work = sim.launch(stream)
         events = [stream.record() for _ in range(3)]
@@ -797,14 +800,14 @@ async def test_the_thread_strategy_never_spins(sim: SimulatedDriver) -> None:
                 for event in events:  # in record order (trio may start tasks in any order)
                     tg.start_soon(partial(event.wait, strategy="thread"))
                     await anyio.wait_all_tasks_blocked()
-                assert await anyio.to_thread.run_sync(sim.wait_until_blocked, 1)
+                assert await anyio.to_thread.run_sync(polled.wait, 10.0)
+                # One waiter thread for the stream: it waits for the oldest event only, since
+                # the stream completes the others after it.
+                assert _thread.pool().statistics().running_jobs == 1
                 work.release()
         assert all(event.is_done for event in events)
         statistics = sim.statistics()
-        assert statistics.spin_synchronizations == 0
-        # One parked waiter thread for the stream: it waits for the oldest event only, since
-        # the stream completes the others after it.
-        assert statistics.blocking_synchronizations == 1
+        assert statistics.spin_synchronizations == statistics.blocking_synchronizations == 0
 
 
 @pytest.mark.anyio

@@ -4,21 +4,24 @@
     Watches closely on the loop thread where completion is near — right after the wait
     starts, and from just before the completion predicted from the stream's recent waits —
     and otherwise sleeps: until the prediction on a precise timer thread, or, with nothing to
-    predict, in a waiter thread blocked in the driver. Near busy-spin latency at a fraction of
-    its CPU.
+    predict, in a waiter thread that queries with growing pauses. Near busy-spin latency at a
+    fraction of its CPU.
 ``"poll"``
     The same close watch with no thread at all: between watches it sleeps on the loop's own
     timers, which cannot sleep under ~1 ms, so it watches for longer (more CPU) to keep the
     latency low.
 ``"thread"``
     Nothing on the loop but the wake-up: a waiter thread sleeps until just before the
-    predicted completion and watches closely itself, or blocks in ``cuEventSynchronize`` on a
-    blocking-sync event; then it wakes the loop thread-safely.
+    predicted completion and watches closely itself, or else queries with growing pauses
+    (blocks in ``cuEventSynchronize`` only on an event recorded as blocking-sync); then it
+    wakes the loop thread-safely. Neither ``auto``, ``poll`` nor ``thread`` enqueues anything
+    on the GPU.
 ``"callback"``
     Nothing on the loop and no waiter thread in the driver: the GPU itself rings a doorbell
     through a CUDA host function that is C code (``sem_post``), never Python, so it cannot
     deadlock on the GIL (``_doorbell``). Host functions never run after a sticky context error,
     so the watcher's back-off queries double as the watchdog that turns one into ``CudaError``.
+    A pending host function holds up device work added to other streams later (``_helpers``).
 
 All four share one watcher per loop (``_watcher``), which queries only the oldest pending
 wait of each stream, so ten thousand waits cost about as much as the streams they are on.

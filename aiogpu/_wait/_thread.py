@@ -7,9 +7,15 @@ Invariants:
 - One *job* per recording of an event (event object, record generation): every subscriber to
   that recording, from any loop, shares it.
 - A job may first sleep until ``spin_from`` and watch the event closely for a while (the
-  predicted completion is near); otherwise, or if that watch runs out, it blocks in
-  ``cuEventSynchronize`` on a ``CU_EVENT_BLOCKING_SYNC`` event, so it burns no CPU. Events that
-  are not blocking-sync are mirrored through a per-thread helper stream and blocking event.
+  predicted completion is near). Otherwise, or if that watch runs out, it blocks in
+  ``cuEventSynchronize`` if the event is ``CU_EVENT_BLOCKING_SYNC``, and else queries it with
+  pauses growing from ``POLL_FIRST`` to ``POLL_MAX`` in between (about 1,000 queries a second
+  at most), so it never spins in the driver.
+- A job enqueues nothing on the GPU. A helper stream that waits for the event and then records
+  a blocking-sync event would do the same with no polling, but on an H100 (driver 580, 8
+  hardware queues) two such pending helpers stalled the work that other code later put on
+  the legacy default stream and on blocking streams, and seven stalled every stream, until
+  the awaited work finished.
 - A thread never runs user code, never raises into a loop and never blocks a loop: it records
   when and how it saw the completion on each subscriber and calls its ``notify`` (which only
   schedules a wake-up on a loop).
@@ -30,21 +36,19 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .. import _driver
-from .._errors import AiogpuError
 from ._per_process import PerProcess
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from .._device import Device
-    from .._driver import Driver
     from . import WaitTarget
 
 MAX_THREADS = 32
 HARD_MAX_THREADS = 256
 IDLE_SECONDS = 10.0
 SPIN_SECONDS = 1e-3  # how long a thread watches closely around a predicted completion
+POLL_FIRST = 50e-6  # a thread's first pause between queries of an event that is not blocking-sync
+POLL_MAX = 1e-3  # each pause doubles, up to this
 
 
 class Subscriber:
@@ -83,37 +87,13 @@ class PoolStatistics:
     subscribers: int
 
 
-class _Helpers:
-    """Per-thread helper stream + blocking event per device, to mirror spinning events."""
-
-    def __init__(self) -> None:
-        self._by_context: dict[tuple[int, int], tuple[Driver, int, int]] = {}
-
-    def get(self, driver: Driver, device: Device) -> tuple[int, int]:
-        key = (id(driver), device._context)
-        found = self._by_context.get(key)
-        if found is None:
-            stream = driver.stream_create(_driver.STREAM_NON_BLOCKING, 0)
-            event = driver.event_create(_driver.EVENT_BLOCKING_SYNC | _driver.EVENT_DISABLE_TIMING)
-            found = self._by_context[key] = (driver, stream, event)
-        return found[1], found[2]
-
-    def close(self) -> None:
-        for driver, stream, event in self._by_context.values():
-            for destroy, handle in ((driver.event_destroy, event), (driver.stream_destroy, stream)):
-                try:
-                    destroy(handle)
-                except (AiogpuError, RuntimeError):
-                    pass
-        self._by_context.clear()
-
-
-def _synchronize(target: WaitTarget, helpers: _Helpers, spin_from: float | None) -> float:
+def _synchronize(target: WaitTarget, spin_from: float | None) -> float:
     """Block this (waiter) thread until the target's work is complete.
 
     Returns when the work was last seen pending (``time.perf_counter()``; 0.0 if never).
     """
     driver, device = target._driver, target._device
+    query, handle = driver.event_query, target._handle
     pending_at = 0.0
     if spin_from is not None:
         delay = spin_from - time.perf_counter()
@@ -121,18 +101,19 @@ def _synchronize(target: WaitTarget, helpers: _Helpers, spin_from: float | None)
             time.sleep(delay)
         give_up = time.perf_counter() + SPIN_SECONDS
         while (now := time.perf_counter()) < give_up:
-            if driver.event_query(target._handle):
+            if query(handle):
                 return pending_at
             pending_at = now
-    if driver.context_get_current() != device._context:
-        driver.context_set_current(device._context)
     if target.is_blocking_sync:
-        driver.event_synchronize(target._handle)
+        if driver.context_get_current() != device._context:
+            driver.context_set_current(device._context)
+        driver.event_synchronize(handle)
         return pending_at
-    stream, mirror = helpers.get(driver, device)
-    driver.stream_wait_event(stream, target._handle)
-    driver.event_record(mirror, stream)
-    driver.event_synchronize(mirror)
+    pause = POLL_FIRST
+    while not query(handle):
+        pending_at = time.perf_counter()
+        time.sleep(pause)
+        pause = min(2 * pause, POLL_MAX)
     return pending_at
 
 
@@ -215,33 +196,29 @@ class _Pool:
             self._quiet.notify_all()
 
     def _run(self) -> None:
-        helpers = _Helpers()
-        try:
-            while (job := self._next_job()) is not None:
-                outcome: BaseException | None = None
-                pending_at = 0.0
-                try:
-                    pending_at = _synchronize(job.target, helpers, job.spin_from)
-                except Exception as exc:  # delivered to every subscriber, never raised here
-                    outcome = exc
-                detected_at = time.perf_counter()
-                with self._lock:
-                    self._forget(job)
-                    subscribers = list(job.subscribers)
-                    job.subscribers.clear()  # late unsubscribes become no-ops
-                try:
-                    for subscriber in subscribers:
-                        subscriber.outcome = outcome
-                        subscriber.detected_at = detected_at
-                        subscriber.pending_at = pending_at
-                        try:
-                            subscriber.notify()
-                        except Exception:  # notify only schedules; never let it kill the thread
-                            pass
-                finally:
-                    job.target._lifetime.release()
-        finally:
-            helpers.close()
+        while (job := self._next_job()) is not None:
+            outcome: BaseException | None = None
+            pending_at = 0.0
+            try:
+                pending_at = _synchronize(job.target, job.spin_from)
+            except Exception as exc:  # delivered to every subscriber, never raised here
+                outcome = exc
+            detected_at = time.perf_counter()
+            with self._lock:
+                self._forget(job)
+                subscribers = list(job.subscribers)
+                job.subscribers.clear()  # late unsubscribes become no-ops
+            try:
+                for subscriber in subscribers:
+                    subscriber.outcome = outcome
+                    subscriber.detected_at = detected_at
+                    subscriber.pending_at = pending_at
+                    try:
+                        subscriber.notify()
+                    except Exception:  # notify only schedules; never let it kill the thread
+                        pass
+            finally:
+                job.target._lifetime.release()
 
     def statistics(self) -> PoolStatistics:
         with self._lock:

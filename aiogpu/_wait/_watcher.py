@@ -22,11 +22,11 @@ Rules this file keeps:
    ``auto`` watches closely on the loop (query, yield, query...) near the completion — right
    after the wait starts, and from just before the predicted completion (``_predict``) — and
    otherwise parks: on the precise timer thread until the predicted time, or on a waiter
-   thread blocked in the driver when nothing is predicted (at most ``AUTO_BACKSTOPS_MAX``
+   thread (``_thread``) when nothing is predicted (at most ``AUTO_BACKSTOPS_MAX``
    streams at a time; the rest are queried on the back-off schedule). ``poll`` does the same with loop
    timers only (no thread at all), so it parks coarsely and watches for longer. ``thread``
    never watches on the loop: a waiter thread sleeps until just before the predicted
-   completion, watches closely itself, else blocks in the driver, and pokes the loop.
+   completion, watches closely itself, else queries with growing pauses, and pokes the loop.
 4. Every cold queue is also queried on a back-off schedule, so a waiter thread that is queued
    behind a saturated pool, or a host-side hazard, costs latency, never a hang.
 5. Query failures (``CudaError``, for example a sticky kernel fault) are delivered to every
@@ -690,7 +690,7 @@ async def wait(target: WaitTarget, *, strategy: WaitStrategy | None = None) -> N
     Cancellation:
         Returns promptly with every strategy (the ``thread`` strategy does not wait for
         the GPU). The GPU work and the event are untouched: the event can be awaited
-        again. Nothing is leaked; a waiter thread already blocked in the driver returns
+        again. Nothing is leaked; a waiter thread already waiting for the work returns
         to the pool when the work completes.
     """
     # This is ``Event.wait`` itself (one coroutine frame per waiting task, the engine's: every

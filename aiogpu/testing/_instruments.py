@@ -1,7 +1,8 @@
 """Instruments that drive a device deterministically, on the GPU and the simulator alike.
 
-``Latch`` holds streams until the test releases it (on a GPU: the stream waits on a value in
-mapped pinned host memory, ``cuStreamWaitValue32``; simulated: held work). ``launch_spin``
+``Latch`` holds streams until the test releases it (on a GPU: a one-thread kernel that spins
+until a word in mapped pinned host memory is set, so a held stream is busy the way real work
+makes it, and other streams run on; simulated: held work). ``launch_spin``
 keeps a stream busy for a given time; ``launch_fault`` makes the device fault. They go through
 the driver interface, so tests written with them run unchanged on both.
 """
@@ -56,7 +57,9 @@ class Latch:
 
     ``with Latch(device) as latch:`` releases on exit, so a failing test never leaves a stream
     blocked. Queue well under ~1,000 operations behind a held stream: beyond that the launch
-    call itself blocks the host until the latch opens.
+    call itself blocks the host until the latch opens. On a GPU each held stream runs one
+    single-thread kernel until the release; a GPU runs at most 128 kernels at once (compute
+    capability 7.0 to 9.0), so hold fewer streams than that when other work must run meanwhile.
 
     Args:
         device: The device whose streams it will hold.
@@ -83,7 +86,7 @@ class Latch:
             raise ValueError(f"expected an aiogpu.Stream of {self._device!r}, got {stream!r}")
         if stream.is_closed:
             raise ClosedResourceError(f"{stream!r} is closed")
-        with stream._context():
+        with self._device._activated():  # the hold kernel is loaded per context
             self._driver.latch_block(stream.handle, self._handle)
         self._markers.append(stream.record())
 

@@ -521,7 +521,7 @@ class SimulatedDriver:
 
     def latch_block(self, stream: int, latch: int) -> None:
         with self._changed:
-            sim_stream = self._stream(stream, "cuStreamWaitValue32")
+            sim_stream = self._stream(stream, "cuLaunchKernel")
             self._enqueue(sim_stream).gate = self._latches[latch]
 
     def latch_release(self, latch: int) -> None:
