@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
+import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -540,3 +543,93 @@ async def test_off_loop_strategies_never_watch_on_the_loop(
 ) -> None:
     queries, _ = await _queries_before_the_watcher(sim, monkeypatch, strategy)
     assert queries == 1, queries  # the one every wait starts with
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="timer slack is a Linux setting")
+@pytest.mark.anyio
+async def test_waiter_and_timer_threads_ask_for_precise_sleeps(sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Linux ends a thread's sleeps up to 50 µs late by default; these threads sleep until a
+    # predicted completion (and the waiter threads pause between queries).
+    from aiogpu._wait import _timer
+
+    libc = ctypes.CDLL(None)
+    pr_get_timerslack = 30
+    slack: dict[str, int] = {}
+    seen = threading.Event()
+    query = sim.event_query
+
+    def noted(event: int) -> bool:
+        if threading.current_thread().name.startswith("aiogpu-waiter"):
+            slack["waiter"] = libc.prctl(pr_get_timerslack, 0, 0, 0, 0)
+            seen.set()
+        return query(event)
+
+    timer_fired = threading.Event()
+
+    def on_timer() -> None:
+        slack["timer"] = libc.prctl(pr_get_timerslack, 0, 0, 0, 0)
+        timer_fired.set()
+
+    _timer.timer().call_at(0.0, on_timer)
+    monkeypatch.setattr(sim, "event_query", noted)
+    with aiogpu.Stream(sim.device(0)) as stream:
+        work = sim.launch(stream)
+        event = stream.record()
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(partial(event.wait, strategy="thread"))
+                assert await anyio.to_thread.run_sync(seen.wait, 10.0)
+                work.release()
+        assert await anyio.to_thread.run_sync(timer_fired.wait, 10.0)
+    assert slack == {"waiter": _timer.TIMER_SLACK_NS, "timer": _timer.TIMER_SLACK_NS}
+
+
+async def _thread_wait_pokes(sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch, estimate: float) -> int:
+    """A ``thread`` wait on held work predicted to take ``estimate``: how often its loop was
+    poked while the work was pending, once the waiter thread has begun to watch it closely."""
+    from aiogpu._wait import _predict, _watcher
+
+    pokes = 0
+    poked = threading.Event()
+    poke = _watcher.Watcher._poke
+
+    def counted(self: _watcher.Watcher) -> None:
+        nonlocal pokes
+        pokes += 1
+        poked.set()
+        poke(self)
+
+    _, watching = waiter_thread_queries(sim, monkeypatch)
+    with aiogpu.Stream(sim.device(0)) as stream, aiogpu.Event(sim.device(0)) as event:
+        for _ in range(3):  # the stream's queue and predictor exist
+            sim.launch(stream, 40e-6)
+            event.record(stream)
+            await event.wait(strategy="thread")
+        work = sim.launch(stream)
+        event.record(stream)
+        _predict.for_stream(event._stream_key).estimate = estimate
+        monkeypatch.setattr(_watcher.Watcher, "_poke", counted)
+        watching.clear()
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(partial(event.wait, strategy="thread"))
+                assert await anyio.to_thread.run_sync(watching.wait, 10.0)
+                await anyio.to_thread.run_sync(poked.wait, 0.05)  # a poke is scheduled before the watch
+                await anyio.wait_all_tasks_blocked()
+                pending_pokes = pokes
+                work.release()
+    return pending_pokes
+
+
+@pytest.mark.anyio
+async def test_a_thread_wait_rouses_its_loop_before_a_long_predicted_completion(
+    sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A loop asleep for milliseconds wakes slowly (+150-190 µs after 5 ms on an H100 host): the
+    # thread pokes it as its close watch starts, so it is awake when the work completes.
+    assert await _thread_wait_pokes(sim, monkeypatch, estimate=5e-3) == 1
+
+
+@pytest.mark.anyio
+async def test_a_thread_wait_on_short_work_does_not_rouse_its_loop(sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert await _thread_wait_pokes(sim, monkeypatch, estimate=900e-6) == 0  # sleeps ~0.75 ms first
