@@ -4,8 +4,8 @@ Event-loop timers are too coarse for the wake engine: asyncio and libuv round sl
 whole milliseconds. An OS thread sleeping on a condition wakes within tens of µs of its
 deadline, so the ``auto`` strategy parks here and lets this thread poke the loop shortly before
 the predicted completion. Linux lets a thread's sleeps end up to 50 µs late by default (timer
-slack); aiogpu's own timing threads ask for 1 µs (``precise_sleeps``). The callbacks only schedule work on a
-loop (``Backend.waker``); they never block and never raise into this thread.
+slack); aiogpu's own timing threads ask for 1 µs (``precise_sleeps``). The callbacks only
+schedule work on a loop (``Backend.waker``); they never block and never raise into this thread.
 
 One thread per process, started on first use and gone after ``IDLE_SECONDS`` without timers.
 """
