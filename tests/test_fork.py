@@ -29,7 +29,7 @@ SCRIPT = textwrap.dedent(
     stream = aiogpu.Stream(device)
     latch = Latch(device)
     latch.block(stream)
-    pending = stream.record()              # work the parent is still waiting for
+    pending = stream.record(blocking_sync=True)  # still awaited; a thread wait parks in the driver
     done = aiogpu.Event(device)            # work that finished before the fork
     done.record(aiogpu.Stream(device))
     done.synchronize()

@@ -23,7 +23,7 @@ SCRIPT = textwrap.dedent(
     stream = aiogpu.Stream(device)          # never closed
     latch = Latch(device)                   # never released: the work stays pending forever
     latch.block(stream)
-    pending = stream.record()
+    pending = stream.record(blocking_sync=True)  # a thread wait parks in cuEventSynchronize
     done = aiogpu.Event(device, timing=True)
     done.record(aiogpu.Stream(device))
 

@@ -1,4 +1,4 @@
-"""The waiter-thread pool: aiogpu's own threads wait in the driver so that loops never do.
+"""The waiter-thread pool: aiogpu's own threads wait for GPU work so that loops never block.
 
 Invariants:
 
@@ -19,10 +19,11 @@ Invariants:
 - A thread never runs user code, never raises into a loop and never blocks a loop: it records
   when and how it saw the completion on each subscriber and calls its ``notify`` (which only
   schedules a wake-up on a loop).
-- Bounded: at most ``MAX_THREADS`` threads serve jobs that someone still waits for. Jobs whose
-  subscribers all left (cancelled waits) may keep their thread blocked until the GPU work
-  completes — the driver wait cannot be interrupted — but do not count against that bound, so
-  abandoned waits cannot starve new ones; ``HARD_MAX_THREADS`` caps the total. Jobs beyond the
+- Bounded: at most ``MAX_THREADS`` threads serve jobs that someone still waits for. A polled
+  job whose subscribers all left (cancelled waits) ends at its next poll. One blocked in
+  ``cuEventSynchronize`` (a blocking-sync event) keeps its thread until the GPU work completes
+  — that wait cannot be interrupted — but does not count against the bound, so abandoned waits
+  cannot starve new ones; ``HARD_MAX_THREADS`` caps the total. Jobs beyond the
   bound queue in FIFO order (the wake engine polls their events meanwhile). A job keeps its
   event's handle alive until it ends, so a ``close()`` meanwhile is deferred, not unsafe.
 - Threads exit after ``IDLE_SECONDS`` without work: an idle process holds no waiter threads.
@@ -94,8 +95,11 @@ class PoolStatistics:
     subscribers: int
 
 
-def _synchronize(target: WaitTarget, spin_from: float | None, rouse: Callable[[], None]) -> float:
-    """Block this (waiter) thread until the target's work is complete.
+def _synchronize(
+    target: WaitTarget, spin_from: float | None, rouse: Callable[[], None], let_go: Callable[[], bool]
+) -> float | None:
+    """Block this (waiter) thread until the target's work is complete, or until ``let_go()``
+    says nobody waits for it any more (then ``None``; asked between polls only).
 
     Returns when the work was last seen pending (``time.perf_counter()``; 0.0 if never).
     """
@@ -121,6 +125,8 @@ def _synchronize(target: WaitTarget, spin_from: float | None, rouse: Callable[[]
     pause = POLL_FIRST
     while not query(handle):
         pending_at = time.perf_counter()
+        if let_go():
+            return None
         time.sleep(pause)
         pause = min(2 * pause, POLL_MAX)
     return pending_at
@@ -208,11 +214,15 @@ class _Pool:
         precise_sleeps()  # its pauses and its sleep until a predicted completion
         while (job := self._next_job()) is not None:
             outcome: BaseException | None = None
-            pending_at = 0.0
+            pending_at: float | None = 0.0
             try:
-                pending_at = _synchronize(job.target, job.spin_from, functools.partial(self._rouse, job))
+                rouse, let_go = functools.partial(self._rouse, job), functools.partial(self._let_go, job)
+                pending_at = _synchronize(job.target, job.spin_from, rouse, let_go)
             except Exception as exc:  # delivered to every subscriber, never raised here
                 outcome = exc
+            if pending_at is None:  # every subscriber left: the job is forgotten already
+                job.target._lifetime.release()
+                continue
             detected_at = time.perf_counter()
             with self._lock:
                 self._forget(job)
@@ -229,6 +239,17 @@ class _Pool:
                         pass
             finally:
                 job.target._lifetime.release()
+
+    def _let_go(self, job: _Job) -> bool:
+        """End a polled job that nobody waits for any more (under the lock, so nobody joins it
+        meanwhile): its thread is free at once instead of polling until the work completes."""
+        if job.subscribers:  # the common case, without the lock
+            return False
+        with self._lock:
+            if job.subscribers:
+                return False
+            self._forget(job)
+        return True
 
     def _rouse(self, job: _Job) -> None:
         """Wake the job's loops before its completion (each only looks and sleeps again)."""

@@ -691,7 +691,8 @@ async def wait(target: WaitTarget, *, strategy: WaitStrategy | None = None) -> N
         Returns promptly with every strategy (the ``thread`` strategy does not wait for
         the GPU). The GPU work and the event are untouched: the event can be awaited
         again. Nothing is leaked; a waiter thread already waiting for the work returns
-        to the pool when the work completes.
+        to the pool at its next query (or, parked on a blocking-sync event, when the work
+        completes).
     """
     # This is ``Event.wait`` itself (one coroutine frame per waiting task, the engine's: every
     # frame more is resumed on every wake-up, 10,000 times in a fan-out).

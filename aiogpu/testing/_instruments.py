@@ -58,8 +58,10 @@ class Latch:
     ``with Latch(device) as latch:`` releases on exit, so a failing test never leaves a stream
     blocked. Queue well under ~1,000 operations behind a held stream: beyond that the launch
     call itself blocks the host until the latch opens. On a GPU each held stream runs one
-    single-thread kernel until the release; a GPU runs at most 128 kernels at once (compute
-    capability 7.0 to 9.0), so hold fewer streams than that when other work must run meanwhile.
+    single-thread kernel until the release: a data-center GPU runs at most 128 kernels at once
+    (some embedded ones 16), so hold fewer streams than that when other work must run
+    meanwhile; and a GPU that drives a display ends kernels that run for more than a few seconds
+    (its watchdog, a sticky error), so hold streams only briefly there.
 
     Args:
         device: The device whose streams it will hold.
