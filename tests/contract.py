@@ -20,7 +20,7 @@ import pytest
 import aiogpu
 from aiogpu._wait._watcher import AUTO_BACKSTOPS_MAX
 from aiogpu.testing import Latch, launch_spin
-from tests.helpers import settle_waiter_threads
+from tests.helpers import in_waiter_thread, settle_waiter_threads
 
 # Generous bound for "returned promptly": the work is held, so a wait that did not return
 # on cancellation would run into fail_after instead.
@@ -282,7 +282,7 @@ class Contract:
         query = driver.event_query
 
         def noted(event: int) -> bool:  # which events the waiter threads have begun to poll
-            if threading.current_thread().name.startswith("aiogpu-waiter"):
+            if in_waiter_thread():
                 polled.add(event)
                 if len(polled) >= waiter_threads:
                     all_polled.set()

@@ -21,6 +21,11 @@ def settle_waiter_threads(timeout: float = 10.0) -> _thread.PoolStatistics:
     return pool.statistics()
 
 
+def in_waiter_thread() -> bool:
+    """Whether the calling thread is one of aiogpu's waiter threads."""
+    return threading.current_thread().name.startswith("aiogpu-waiter")
+
+
 def waiter_thread_queries(
     sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch, enough: int = 1
 ) -> tuple[list[float], threading.Event]:
@@ -30,7 +35,7 @@ def waiter_thread_queries(
     query = sim.event_query
 
     def noted(event: int) -> bool:
-        if threading.current_thread().name.startswith("aiogpu-waiter"):
+        if in_waiter_thread():
             times.append(time.perf_counter())
             if len(times) >= enough:
                 reached.set()

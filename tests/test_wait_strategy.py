@@ -16,7 +16,7 @@ import pytest
 
 import aiogpu
 from aiogpu.testing import SimulatedDriver
-from tests.helpers import waiter_thread_queries
+from tests.helpers import in_waiter_thread, waiter_thread_queries
 
 
 def test_default_strategy_round_trip() -> None:
@@ -592,7 +592,7 @@ async def test_waiter_and_timer_threads_ask_for_precise_sleeps(sim: SimulatedDri
     query = sim.event_query
 
     def noted(event: int) -> bool:
-        if threading.current_thread().name.startswith("aiogpu-waiter"):
+        if in_waiter_thread():
             slack["waiter"] = libc.prctl(pr_get_timerslack, 0, 0, 0, 0)
             seen.set()
         return query(event)

@@ -31,7 +31,6 @@ Invariants:
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 from collections import deque
@@ -95,41 +94,12 @@ class PoolStatistics:
     subscribers: int
 
 
-def _synchronize(
-    target: WaitTarget, spin_from: float | None, rouse: Callable[[], None], let_go: Callable[[], bool]
-) -> float | None:
-    """Block this (waiter) thread until the target's work is complete, or until ``let_go()``
-    says nobody waits for it any more (then ``None``; asked between polls only).
-
-    Returns when the work was last seen pending (``time.perf_counter()``; 0.0 if never).
-    """
-    driver, device = target._driver, target._device
-    query, handle = driver.event_query, target._handle
-    pending_at = 0.0
-    if spin_from is not None:
-        delay = spin_from - time.perf_counter()
-        if delay > 0:
-            time.sleep(delay)
-            if delay > ROUSE_AFTER:
-                rouse()
-        give_up = time.perf_counter() + SPIN_SECONDS
-        while (now := time.perf_counter()) < give_up:
-            if query(handle):
-                return pending_at
-            pending_at = now
-    if target.is_blocking_sync:
-        if driver.context_get_current() != device._context:
-            driver.context_set_current(device._context)
-        driver.event_synchronize(handle)
-        return pending_at
-    pause = POLL_FIRST
-    while not query(handle):
-        pending_at = time.perf_counter()
-        if let_go():
-            return None
-        time.sleep(pause)
-        pause = min(2 * pause, POLL_MAX)
-    return pending_at
+def _notify(subscribers: list[Subscriber]) -> None:
+    for subscriber in subscribers:
+        try:
+            subscriber.notify()
+        except Exception:  # notify only schedules; never let it kill the thread
+            pass
 
 
 class _Pool:
@@ -216,8 +186,7 @@ class _Pool:
             outcome: BaseException | None = None
             pending_at: float | None = 0.0
             try:
-                rouse, let_go = functools.partial(self._rouse, job), functools.partial(self._let_go, job)
-                pending_at = _synchronize(job.target, job.spin_from, rouse, let_go)
+                pending_at = self._wait_for(job)
             except Exception as exc:  # delivered to every subscriber, never raised here
                 outcome = exc
             if pending_at is None:  # every subscriber left: the job is forgotten already
@@ -233,12 +202,44 @@ class _Pool:
                     subscriber.outcome = outcome
                     subscriber.detected_at = detected_at
                     subscriber.pending_at = pending_at
-                    try:
-                        subscriber.notify()
-                    except Exception:  # notify only schedules; never let it kill the thread
-                        pass
+                _notify(subscribers)
             finally:
                 job.target._lifetime.release()
+
+    def _wait_for(self, job: _Job) -> float | None:
+        """Block this (waiter) thread until the job's work is complete, or until nobody waits
+        for it any more (then ``None``; noticed between polls only).
+
+        Returns when the work was last seen pending (``time.perf_counter()``; 0.0 if never).
+        """
+        target = job.target
+        driver, device = target._driver, target._device
+        query, handle = driver.event_query, target._handle
+        pending_at = 0.0
+        if job.spin_from is not None:
+            delay = job.spin_from - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+                if delay > ROUSE_AFTER:
+                    self._rouse(job)
+            give_up = time.perf_counter() + SPIN_SECONDS
+            while (now := time.perf_counter()) < give_up:
+                if query(handle):
+                    return pending_at
+                pending_at = now
+        if target.is_blocking_sync:
+            if driver.context_get_current() != device._context:
+                driver.context_set_current(device._context)
+            driver.event_synchronize(handle)
+            return pending_at
+        pause = POLL_FIRST
+        while not query(handle):
+            pending_at = time.perf_counter()
+            if self._let_go(job):
+                return None
+            time.sleep(pause)
+            pause = min(2 * pause, POLL_MAX)
+        return pending_at
 
     def _let_go(self, job: _Job) -> bool:
         """End a polled job that nobody waits for any more (under the lock, so nobody joins it
@@ -255,11 +256,7 @@ class _Pool:
         """Wake the job's loops before its completion (each only looks and sleeps again)."""
         with self._lock:
             subscribers = list(job.subscribers)
-        for subscriber in subscribers:
-            try:
-                subscriber.notify()
-            except Exception:  # notify only schedules; never let it kill the thread
-                pass
+        _notify(subscribers)
 
     def statistics(self) -> PoolStatistics:
         with self._lock:
