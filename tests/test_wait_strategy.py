@@ -658,11 +658,16 @@ async def _thread_wait_pokes(sim: SimulatedDriver, monkeypatch: pytest.MonkeyPat
 async def test_a_thread_wait_rouses_its_loop_before_a_long_predicted_completion(
     sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A loop asleep for milliseconds wakes slowly (+150-190 µs after 5 ms on an H100 host): the
-    # thread pokes it as its close watch starts, so it is awake when the work completes.
+    # A loop asleep for long wakes slowly (+100-190 µs after 1-5 ms on an H100 host): the thread
+    # pokes it as its close watch starts, so it is awake when the work completes.
     assert await _thread_wait_pokes(sim, monkeypatch, estimate=50e-3) == 1  # sleeps ~50 ms first, even on a loaded machine
 
 
 @pytest.mark.anyio
-async def test_a_thread_wait_on_short_work_does_not_rouse_its_loop(sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert await _thread_wait_pokes(sim, monkeypatch, estimate=900e-6) == 0  # sleeps ~0.75 ms first
+async def test_a_thread_wait_that_starts_watching_at_once_does_not_rouse_its_loop(
+    sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aiogpu._wait import _watcher
+
+    # predicted to finish within the thread's lead: it watches closely at once, with no sleep
+    assert await _thread_wait_pokes(sim, monkeypatch, estimate=_watcher.LEAD["thread"] / 2) == 0
