@@ -236,7 +236,8 @@ class World:
         self.foreign_device = self.other.device(0)
         self.latch = Latch(self.dev0)
         self.stream = aiogpu.Stream(self.dev0)
-        self.busy_stream = aiogpu.Stream(self.dev0)
+        # Non-blocking: held work on a blocking stream would hold the legacy default stream too.
+        self.busy_stream = aiogpu.Stream(self.dev0, nonblocking=True)
         self.latch.block(self.busy_stream)
         self.stream1 = aiogpu.Stream(self.dev1, nonblocking=True)
         self.foreign_stream = aiogpu.Stream(self.foreign_device)
@@ -759,6 +760,7 @@ class StreamModel:
     stream: aiogpu.Stream
     device: int
     key: object  # the queue its work goes to: wrappers of one default stream share it
+    blocking: bool  # synchronizes with the legacy default stream
     closed: bool = False
 
 
@@ -785,8 +787,11 @@ class ApiMachine(RuleBasedStateMachine):
 
     The model: the work enqueued on a stream so far waits for a set of latches (those that
     blocked it, and those behind every event or stream it was told to wait for); an event
-    captures its stream's set when recorded. Work is done exactly when all its latches are
-    released; nothing else holds work (no timed work, no faults).
+    captures its stream's set when recorded. An operation on the legacy default stream also
+    waits for the work enqueued so far on every blocking stream of its device, and one on a
+    blocking stream for the legacy default stream's (CUDA's implicit synchronization). Work is
+    done exactly when all its latches are released; nothing else holds work (no timed work, no
+    faults).
     """
 
     streams = Bundle("streams")
@@ -824,10 +829,19 @@ class ApiMachine(RuleBasedStateMachine):
         )
 
     def add_stream(self, stream: aiogpu.Stream, ordinal: int, key: object) -> StreamModel:
-        model = StreamModel(stream, ordinal, key)
+        model = StreamModel(stream, ordinal, key, blocking=not stream.is_nonblocking)
         self.holds.setdefault(key, frozenset())
         self.all_streams.append(model)
         return model
+
+    def enqueue_on(self, key: object, device: int, blocking: bool) -> None:
+        """An operation is put on the stream ``key``: the implicit legacy-stream waits first."""
+        if key == ("default", device):
+            for other in self.all_streams:
+                if other.device == device and other.blocking and other.key != key:
+                    self.holds[key] |= self.holds[other.key]
+        elif blocking:
+            self.holds[key] |= self.holds[("default", device)]
 
     def pending(self, holds: frozenset[int]) -> bool:
         return not holds <= self.released
@@ -903,12 +917,15 @@ class ApiMachine(RuleBasedStateMachine):
             else:
                 event.event.record(stream.stream)
         if error is None:
+            self.enqueue_on(stream.key, stream.device, stream.blocking)
             event.recorded, event.holds = True, self.holds[stream.key]
 
     @rule(target=events, stream=streams, timing=st.booleans())
     def record_a_new_event(self, stream: StreamModel, timing: bool) -> object:
         with self.expect(aiogpu.ClosedResourceError if stream.closed else None):
-            model = EventModel(stream.stream.record(timing=timing), stream.device, timing, True, self.holds[stream.key])
+            event = stream.stream.record(timing=timing)
+            self.enqueue_on(stream.key, stream.device, stream.blocking)
+            model = EventModel(event, stream.device, timing, True, self.holds[stream.key])
             self.all_events.append(model)
             return model
         return multiple()
@@ -923,25 +940,34 @@ class ApiMachine(RuleBasedStateMachine):
         with self.expect(error):
             latch.latch.block(stream.stream)
         if error is None:
+            self.enqueue_on(stream.key, stream.device, stream.blocking)
             self.holds[stream.key] |= {latch.index}
 
     @rule(stream=streams, other=st.one_of(events, streams, st.integers(0, 1)))
     def wait_for(self, stream: StreamModel, other: EventModel | StreamModel | int) -> None:
         error: type[Exception] | None = None
+        marked: tuple[object, int, bool] | None = None  # the stream that wait_for records a marker on
         if isinstance(other, int):
             target: object = self.devices[other]
-            holds = self.holds[("default", other)]
+            marked = ("default", other), other, True
         elif isinstance(other, StreamModel):
-            target, holds = other.stream, self.holds[other.key]
+            target, marked = other.stream, (other.key, other.device, other.blocking)
             error = aiogpu.ClosedResourceError if other.closed else None
         else:
-            target, holds = other.event, other.holds
+            target = other.event
             error = aiogpu.ClosedResourceError if other.closed else None if other.recorded else aiogpu.EventStateError
         if stream.closed:
             error = aiogpu.ClosedResourceError  # checked first
         with self.expect(error):
             stream.stream.wait_for(target)  # type: ignore[arg-type]
         if error is None:
+            if marked is not None:
+                self.enqueue_on(*marked)
+                holds = self.holds[marked[0]]
+            else:
+                assert isinstance(other, EventModel)
+                holds = other.holds
+            self.enqueue_on(stream.key, stream.device, stream.blocking)
             self.holds[stream.key] |= holds
 
     # -- releasing and closing ---------------------------------------------------------------
@@ -1020,6 +1046,8 @@ class ApiMachine(RuleBasedStateMachine):
     @rule(stream=streams, strategy=st.sampled_from(STRATEGIES), backend=st.sampled_from(BACKENDS))
     def await_idle(self, stream: StreamModel, strategy: aiogpu.WaitStrategy, backend: str) -> None:
         error = aiogpu.ClosedResourceError if stream.closed else None
+        if error is None:
+            self.enqueue_on(stream.key, stream.device, stream.blocking)  # wait_idle records a marker
         with self.expect(error):
             self.bounded_wait(lambda: stream.stream.wait_idle(strategy=strategy), self.pending(self.holds[stream.key]), backend)
 

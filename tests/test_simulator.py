@@ -371,8 +371,9 @@ def test_wait_for_stream_captures_its_work_at_call_time(sim: SimulatedDriver) ->
 
 def test_wait_for_device_waits_for_its_default_stream(sim: SimulatedDriver) -> None:
     device = sim.device(0)
-    with aiogpu.Stream(device) as b, aiogpu.Stream(device) as unrelated:
-        held_unrelated = sim.launch(unrelated)  # not the default stream: not waited for
+    # Both non-blocking: a blocking b would wait for the default stream's later work as well.
+    with aiogpu.Stream(device, nonblocking=True) as b, aiogpu.Stream(device, nonblocking=True) as unrelated:
+        held_unrelated = sim.launch(unrelated)  # not the default stream (nor synchronized with it): not waited for
         on_default = sim.launch(device.default_stream)
         b.wait_for(device)
         after_default = sim.launch(device.default_stream)
@@ -859,7 +860,8 @@ def test_default_stream_handles_resolve_through_the_current_context(sim: Simulat
             with raises_cuda("CUDA_ERROR_INVALID_CONTEXT", "cuStreamQuery"):
                 sim.stream_query(handle)
         sim.context_push(first._context)
-        assert [sim.stream_query(handle) for handle in (0, 1, 2)] == [False, False, False]
+        # 0 and CU_STREAM_LEGACY name the legacy default stream; CU_STREAM_PER_THREAD this thread's own
+        assert [sim.stream_query(handle) for handle in (0, 1, 2)] == [False, False, True]
         sim.context_push(second._context)
         assert [sim.stream_query(handle) for handle in (0, 1, 2)] == [True, True, True]
         assert sim.stream_context(0) == second._context

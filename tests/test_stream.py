@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from typing import TYPE_CHECKING
+
 import pytest
 
 import aiogpu
 from aiogpu.testing import Latch, SimulatedDriver
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 
 class ProtocolStream:
@@ -65,6 +72,88 @@ def test_wait_for_orders_work_across_streams(device: aiogpu.Device) -> None:
         latch.release()
         second.synchronize()
         assert after_event.is_done and after_stream.is_done
+
+
+def soon(condition: Callable[[], bool], seconds: float = 10.0) -> bool:
+    """Whether ``condition()`` holds within ``seconds`` (a bounded ``synchronize``: work that a
+    wrong model holds for good fails the test instead of hanging it)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(1e-4)
+    return True
+
+
+def test_the_legacy_default_stream_waits_for_blocking_streams_only(device: aiogpu.Device) -> None:
+    # CUDA's implicit synchronization, which the simulator models too: an operation on the
+    # legacy default stream waits for the work queued before it on every blocking stream.
+    with (
+        aiogpu.Stream(device) as blocking,
+        aiogpu.Stream(device, nonblocking=True) as nonblocking,
+        Latch(device) as holds_blocking,
+        Latch(device) as holds_nonblocking,
+    ):
+        holds_nonblocking.block(nonblocking)
+        free = device.default_stream.record()
+        assert soon(lambda: free.is_done)  # a non-blocking stream's work: not waited for
+        holds_blocking.block(blocking)
+        after = device.default_stream.record()
+        assert not after.is_done
+        holds_blocking.release()
+        assert soon(lambda: after.is_done)
+        assert not nonblocking.is_idle
+
+
+def test_blocking_streams_wait_for_the_legacy_default_stream(device: aiogpu.Device) -> None:
+    with aiogpu.Stream(device) as blocking, aiogpu.Stream(device, nonblocking=True) as nonblocking, Latch(device) as latch:
+        latch.block(device.default_stream)
+        free = nonblocking.record()
+        assert soon(lambda: free.is_done)
+        behind = blocking.record()
+        assert not behind.is_done
+        latch.release()
+        assert soon(lambda: behind.is_done)
+
+
+def test_a_wait_for_finished_work_on_the_legacy_stream_still_orders_it(device: aiogpu.Device) -> None:
+    # cuStreamWaitEvent on the legacy default stream is an operation there even when the event
+    # is complete: a blocking stream's later work waits for what the legacy stream waits for.
+    with (
+        aiogpu.Stream(device) as held,
+        aiogpu.Stream(device) as blocking,
+        aiogpu.Stream(device, nonblocking=True) as nonblocking,
+        Latch(device) as latch,
+    ):
+        finished = nonblocking.record()
+        assert soon(lambda: finished.is_done)
+        latch.block(held)
+        device.default_stream.wait_for(finished)
+        behind = blocking.record()
+        assert not behind.is_done
+        latch.release()
+        assert soon(lambda: behind.is_done)
+
+
+def test_per_thread_default_streams_are_per_thread_and_synchronize_with_the_legacy_stream(device: aiogpu.Device) -> None:
+    per_thread = aiogpu.Stream.adopt(2, device=device)  # CU_STREAM_PER_THREAD: the calling thread's own
+    with per_thread, aiogpu.Stream(device) as blocking, Latch(device) as holds_blocking, Latch(device) as holds_per_thread:
+        holds_blocking.block(blocking)
+        free = per_thread.record()
+        assert soon(lambda: free.is_done)  # it does not wait for other blocking streams
+        holds_per_thread.block(per_thread)
+        assert not per_thread.is_idle
+        seen: list[bool] = []
+        other_thread = threading.Thread(target=lambda: seen.append(per_thread.is_idle))
+        other_thread.start()
+        other_thread.join()
+        assert seen == [True]  # another thread's per-thread stream is its own
+        behind_both = device.default_stream.record()
+        holds_blocking.release()
+        assert soon(lambda: blocking.is_idle)
+        assert not behind_both.is_done  # the legacy stream waits for the per-thread stream too
+        holds_per_thread.release()
+        assert soon(lambda: behind_both.is_done)
 
 
 def test_wait_for_rejects_other_things(device: aiogpu.Device) -> None:

@@ -10,10 +10,15 @@ It implements the same ``Driver`` interface as the real ``CudaDriver``, so every
 - events capturing a stream's position at record time (an unrecorded event is complete, as in
   CUDA), re-recording, timing, IPC handles (opened in the same process: a stand-in for another);
 - sticky context errors: after a fault every call in that context returns the error;
+- the legacy default stream (handles 0 and ``CU_STREAM_LEGACY``): an operation put on it waits
+  for the work queued before it on every blocking stream of its context, and an operation put
+  on a blocking stream waits for the work queued before it on the legacy default stream.
+  ``CU_STREAM_PER_THREAD`` is a stream of each thread's own that synchronizes the same way;
+  non-blocking streams synchronize with neither;
 - spinning versus blocking-sync ``cuEventSynchronize`` (counted in :meth:`statistics`).
 
-What it does not model: the legacy default stream's implicit synchronization with blocking
-streams, and real concurrency between streams beyond "each stream runs in order".
+What it does not model: real concurrency between streams beyond "each stream runs in order",
+and what the hardware adds (for example, pending host functions delaying other streams' work).
 
 Time is the host's monotonic clock; work is evaluated lazily whenever the driver is asked,
 so no background thread exists.
@@ -38,6 +43,7 @@ from .._driver import (
     EVENT_DISABLE_TIMING,
     EVENT_INTERPROCESS,
     IPC_HANDLE_SIZE,
+    STREAM_NON_BLOCKING,
     cuda_error,
 )
 from .._loop import in_trio_run, running_asyncio_loop
@@ -49,6 +55,7 @@ if TYPE_CHECKING:
     from .._stream import Stream
 
 _NOT_READY = "CUDA_ERROR_NOT_READY"
+_PER_THREAD_STREAM = 2  # CU_STREAM_PER_THREAD; 0 and CU_STREAM_LEGACY (1) name the legacy default stream
 
 
 def _code(result: int | str) -> int:
@@ -102,6 +109,8 @@ class _Stream:
         self.completed = 0  # seq of the last completed op
         self.head_started = 0.0
         self.last_done_at = time.monotonic()
+        # Synchronizes with the legacy default stream (CUDA's "blocking" streams).
+        self.blocking = not flags & STREAM_NON_BLOCKING
 
 
 class _Event:
@@ -403,8 +412,9 @@ class SimulatedDriver:
             sim_stream = self._stream(stream, "cuStreamWaitEvent")
             sim_event = self._event(event, "cuStreamWaitEvent")
             self._check_context(sim_stream.context, "cuStreamWaitEvent")
+            self._sync_with_legacy(sim_stream)  # an operation even when there is nothing to wait for
             if sim_event.stream is not None and sim_event.op is not None:
-                self._enqueue(sim_stream).after = (sim_event.stream, sim_event.op)
+                self._append(sim_stream).after = (sim_event.stream, sim_event.op)
 
     # -- Driver: host memory and copies ------------------------------------------------------
     def host_alloc(self, nbytes: int) -> int:
@@ -457,6 +467,7 @@ class SimulatedDriver:
             if sim_event.context is not sim_stream.context:
                 raise cuda_error(_driver.result_code("CUDA_ERROR_INVALID_HANDLE"), "cuEventRecord")
             self._inject(sim_stream)
+            self._sync_with_legacy(sim_stream)  # a record is an operation too
             now = time.monotonic()
             self._advance(sim_stream, now)
             sim_event.stream = sim_stream
@@ -612,10 +623,21 @@ class SimulatedDriver:
                 if not current:
                     raise cuda_error(_driver.result_code("CUDA_ERROR_INVALID_CONTEXT"), func)
                 context = self._context(current, func)
+            if handle == _PER_THREAD_STREAM:
+                return self._per_thread_stream(context)
             return context.default_stream
         stream = self._streams.get(handle)
         if stream is None:
             raise cuda_error(_driver.result_code("CUDA_ERROR_INVALID_HANDLE"), func)
+        return stream
+
+    def _per_thread_stream(self, context: _Context) -> _Stream:
+        streams: dict[_Context, _Stream] | None = getattr(self._current, "per_thread_streams", None)
+        if streams is None:
+            streams = self._current.per_thread_streams = {}
+        stream = streams.get(context)
+        if stream is None:
+            stream = streams[context] = _Stream(_PER_THREAD_STREAM, context, 0, 0)
         return stream
 
     def _event(self, handle: int, func: str) -> _Event:
@@ -625,6 +647,27 @@ class SimulatedDriver:
         return event
 
     def _enqueue(self, stream: _Stream) -> _Op:
+        """Append an operation to ``stream``, behind the implicit waits of the legacy default
+        stream (lock held)."""
+        self._sync_with_legacy(stream)
+        return self._append(stream)
+
+    def _sync_with_legacy(self, stream: _Stream) -> None:
+        """Queue the waits CUDA adds before an operation on ``stream``: on the legacy default
+        stream, for each blocking stream's queued work; on a blocking stream, for the legacy
+        default stream's."""
+        legacy = stream.context.default_stream
+        if stream is legacy:
+            others = [other for other in self._busy if other.context is stream.context and other.blocking and other is not legacy]
+        elif stream.blocking:
+            others = [legacy]
+        else:
+            return
+        for other in others:
+            if other.ops:
+                self._append(stream).after = (other, other.ops[-1])
+
+    def _append(self, stream: _Stream) -> _Op:
         now = time.monotonic()
         self._advance(stream, now)
         if not stream.ops:
