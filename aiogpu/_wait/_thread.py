@@ -7,10 +7,11 @@ Invariants:
 - One *job* per recording of an event (event object, record generation): every subscriber to
   that recording, from any loop, shares it.
 - A job may first sleep until ``spin_from``, poke its loops once if it slept (``_rouse``) and
-  watch the event closely for a while (the predicted completion is near). Otherwise, or if that watch runs out, it blocks in
-  ``cuEventSynchronize`` if the event is ``CU_EVENT_BLOCKING_SYNC``, and else queries it with
-  pauses growing from ``POLL_FIRST`` to ``POLL_MAX`` in between (about 1,000 queries a second
-  at most), so it never spins in the driver.
+  watch the event closely for a while (the predicted completion is near). Otherwise, or if
+  that watch runs out, it blocks in ``cuEventSynchronize`` if the event is
+  ``CU_EVENT_BLOCKING_SYNC``, and else queries it with pauses growing from ``POLL_FIRST`` to
+  ``POLL_MAX`` in between (about 1,000 queries a second at most), so it never spins in the
+  driver.
 - A job enqueues nothing on the GPU. A helper stream that waits for the event and then records
   a blocking-sync event would do the same with no polling, but on an H100 (driver 580, 8
   hardware queues) two such pending helpers stalled the work that other code later put on
