@@ -15,7 +15,7 @@ import anyio
 import pytest
 
 import aiogpu
-from aiogpu.testing import SimulatedDriver
+from aiogpu.testing import Latch, SimulatedDriver
 from tests.helpers import in_waiter_thread, waiter_thread_queries
 
 
@@ -243,6 +243,96 @@ async def test_a_released_backlog_costs_a_few_queries_and_wakes_only_what_is_don
                 second_work.release()
         assert woke == set(range(300))
         assert len(queried) < 30, f"{len(queried)} events asked about for 300 waits released in two bursts"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("strategy", ["auto", "poll", "thread"])
+async def test_a_sweep_that_woke_its_budget_of_tasks_lets_them_run_before_it_goes_on(
+    device: aiogpu.Device, monkeypatch: pytest.MonkeyPatch, strategy: aiogpu.WaitStrategy
+) -> None:
+    # Three streams' waits, two tasks each, all seen done by one sweep: with a budget of two
+    # wake-ups, the first task resumes while the other streams' waits are still pending
+    # (a released fan-out's first tasks resumed only after its whole, GPU-long sweep before).
+    from aiogpu._wait import _watcher
+
+    monkeypatch.setattr(_watcher, "SWEEP_WAKE_BUDGET", 2)
+    streams = [aiogpu.Stream(device, nonblocking=True) for _ in range(3)]
+    try:
+        with Latch(device) as latch:
+            for stream in streams:
+                latch.block(stream)
+            events = [stream.record() for stream in streams]
+            pending_at_resume: list[int] = []
+
+            async def waiter(event: aiogpu.Event) -> None:
+                await event.wait(strategy=strategy)
+                pending_at_resume.append(len(_watcher.current().pending()))
+
+            with anyio.fail_after(20):
+                async with anyio.create_task_group() as tg:
+                    for event in events * 2:
+                        tg.start_soon(waiter, event)
+                    await anyio.wait_all_tasks_blocked()
+                    latch.release()
+                    while not all(event.is_done for event in events):
+                        pass  # no yield: the watcher's next sweep finds all three done
+        assert len(pending_at_resume) == 6
+        assert pending_at_resume[0] == 2, pending_at_resume  # the first stream's alone was completed
+    finally:
+        for stream in streams:
+            stream.close()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("strategy", ["auto", "poll"])
+async def test_a_sweep_cut_short_is_taken_up_where_it_stopped(
+    sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch, strategy: aiogpu.WaitStrategy
+) -> None:
+    # Stream A completes one wait and keeps one pending; B and C complete theirs. With a budget
+    # of one wake-up per sweep, the sweeps go A, B, C: the streams a cut sweep did not reach
+    # come first in the next one, not A's pending wait again and again.
+    from aiogpu._wait import _watcher
+
+    monkeypatch.setattr(_watcher, "SWEEP_WAKE_BUDGET", 1)
+    swept: list[object] = []
+    sweep_queue = _watcher.Watcher._sweep_queue
+
+    def logged(self: _watcher.Watcher, queue: Any, now: float) -> None:
+        swept.append(queue.key)
+        sweep_queue(self, queue, now)
+
+    streams = [aiogpu.Stream(sim.device(0), nonblocking=True) for _ in range(3)]
+    try:
+        works = [sim.launch(stream) for stream in streams]
+        events = [stream.record() for stream in streams]
+        held = sim.launch(streams[0])
+        last = streams[0].record()
+        woke = anyio.Event()
+        left = 3
+
+        async def waiter(event: aiogpu.Event) -> None:
+            nonlocal left
+            await event.wait(strategy=strategy)
+            left -= 1
+            if not left:
+                woke.set()
+
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:
+                for event in events:  # one at a time: the watcher holds the streams in this order
+                    tg.start_soon(waiter, event)
+                    await anyio.wait_all_tasks_blocked()
+                tg.start_soon(partial(last.wait, strategy=strategy))
+                await anyio.wait_all_tasks_blocked()
+                monkeypatch.setattr(_watcher.Watcher, "_sweep_queue", logged)
+                for work in works:
+                    work.release()
+                await woke.wait()
+                assert swept[:3] == [event._stream_key for event in events], swept
+                held.release()
+    finally:
+        for stream in streams:
+            stream.close()
 
 
 @pytest.mark.anyio
