@@ -12,11 +12,12 @@ host. aiogpu keeps "wait" for host-side awaiting and ``wait_for`` for device-sid
 from __future__ import annotations
 
 import itertools
+import threading
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, final
 
 from ._device import Device, check_int
-from ._driver import DEFAULT_STREAM_HANDLES, STREAM_NON_BLOCKING, default_driver
+from ._driver import DEFAULT_STREAM_HANDLES, PER_THREAD_STREAM, STREAM_NON_BLOCKING, default_driver
 from ._event import Event, _check_flag
 from ._foreign import check_address
 from ._lifetime import HandleLifetime
@@ -256,7 +257,10 @@ class Stream:
             )
         with self._context():
             self._driver.event_record(event._handle, self._handle)
-        event._mark_recorded(self._wait_key)
+        key: object = self._wait_key
+        if self._handle == PER_THREAD_STREAM:  # each thread's own stream: they complete in no common order
+            key = (*key[:2], "thread", threading.get_ident())
+        event._mark_recorded(key)
 
     def wait_for(self, other: Event | Stream | Device) -> None:
         """Make work enqueued on this stream from now on wait, on the device, for ``other``.

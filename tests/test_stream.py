@@ -6,6 +6,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+import anyio
 import pytest
 
 import aiogpu
@@ -154,6 +155,38 @@ def test_per_thread_default_streams_are_per_thread_and_synchronize_with_the_lega
         assert not behind_both.is_done  # the legacy stream waits for the per-thread stream too
         holds_per_thread.release()
         assert soon(lambda: behind_both.is_done)
+
+
+@pytest.mark.anyio
+async def test_waits_on_two_threads_per_thread_streams_do_not_queue_behind_each_other(device: aiogpu.Device) -> None:
+    # One adopted CU_STREAM_PER_THREAD wrapper is a different stream on each thread: a wait
+    # recorded on this thread's must not queue behind one recorded, held, on another thread's.
+    per_thread = aiogpu.Stream.adopt(2, device=device)
+    with per_thread, Latch(device) as holds_other, Latch(device) as holds_mine:
+
+        def record_on_another_thread() -> aiogpu.Event:
+            holds_other.block(per_thread)
+            return per_thread.record()
+
+        behind_other = await anyio.to_thread.run_sync(record_on_another_thread)
+        holds_mine.block(per_thread)
+        mine = per_thread.record()
+        mine_done = anyio.Event()
+
+        async def wait_for_mine() -> None:
+            await mine.wait()
+            mine_done.set()
+
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(behind_other.wait)
+                await anyio.wait_all_tasks_blocked()
+                tg.start_soon(wait_for_mine)
+                await anyio.wait_all_tasks_blocked()
+                holds_mine.release()
+                await mine_done.wait()
+                assert not behind_other.is_done
+                holds_other.release()
 
 
 def test_wait_for_rejects_other_things(device: aiogpu.Device) -> None:
