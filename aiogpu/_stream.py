@@ -259,7 +259,7 @@ class Stream:
             self._driver.event_record(event._handle, self._handle)
         key: object = self._wait_key
         if self._handle == PER_THREAD_STREAM:  # each thread's own stream: they complete in no common order
-            key = (*key[:2], "thread", threading.get_ident())
+            key = (*self._wait_key[:2], "thread", threading.get_ident())
         event._mark_recorded(key)
 
     def wait_for(self, other: Event | Stream | Device) -> None:
