@@ -41,6 +41,7 @@ STREAM_NON_BLOCKING = 1
 #: The legacy default stream of the *current* context (``CU_STREAM_LEGACY`` and
 #: ``CU_STREAM_PER_THREAD`` are 1 and 2; all three resolve through the current context).
 DEFAULT_STREAM_HANDLES = frozenset({0, 1, 2})
+#: ``CU_STREAM_PER_THREAD``: a different stream on each thread that uses it.
 PER_THREAD_STREAM = 2
 IPC_HANDLE_SIZE = 64
 

@@ -7,7 +7,9 @@ Rules this file keeps:
    costs O(streams), not O(waiters); when it completes, the next ones are checked at once,
    and after two in a row the newest, then by galloping and bisection: a wait that is done
    means every wait before it on the stream is (k done cost O(log k) queries, not one each). A stream whose last sweep completed
-   something is watched closely on the next beat too: more of it tends to finish meanwhile.
+   something is watched closely on the next beat too: more of it tends to finish meanwhile. A
+   sweep that has woken ``SWEEP_WAKE_BUDGET`` tasks yields before the next stream, so they run
+   while the GPU finishes the rest; the next sweep starts where it stopped.
 2. One task at a time drives the watcher (sweeps, plans, sleeps); the other waiting tasks park
    on a ``Signal`` it sets. Many tasks awaiting one recording share one entry. The driver is
    the first waiting task when nobody drives — it stops when its own wait is over, so a lone
