@@ -189,6 +189,46 @@ async def test_waits_on_two_threads_per_thread_streams_do_not_queue_behind_each_
                 holds_other.release()
 
 
+@pytest.mark.anyio
+async def test_a_thread_that_reuses_an_exited_threads_ident_has_its_own_per_thread_stream(device: aiogpu.Device) -> None:
+    # Thread idents are reused once a thread exits (on Linux the next thread usually gets the
+    # same one): a wait recorded on the new thread's per-thread stream must not queue behind
+    # one still held on the exited thread's.
+    per_thread = aiogpu.Stream.adopt(2, device=device)
+
+    def record_on_a_new_thread(latch: Latch) -> aiogpu.Event:
+        recorded: list[aiogpu.Event] = []
+
+        def record() -> None:
+            latch.block(per_thread)
+            recorded.append(per_thread.record())
+
+        thread = threading.Thread(target=record)
+        thread.start()
+        thread.join()
+        return recorded[0]
+
+    with per_thread, Latch(device) as holds_first, Latch(device) as holds_second:
+        first = record_on_a_new_thread(holds_first)
+        second = record_on_a_new_thread(holds_second)
+        second_done = anyio.Event()
+
+        async def wait_for_second() -> None:
+            await second.wait()
+            second_done.set()
+
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(first.wait)
+                await anyio.wait_all_tasks_blocked()
+                tg.start_soon(wait_for_second)
+                await anyio.wait_all_tasks_blocked()
+                holds_second.release()
+                await second_done.wait()
+                assert not first.is_done
+                holds_first.release()
+
+
 def test_wait_for_rejects_other_things(device: aiogpu.Device) -> None:
     with aiogpu.Stream(device) as stream, pytest.raises(TypeError, match="expects an aiogpu Event, Stream or Device, got 5"):
         stream.wait_for(5)  # type: ignore[arg-type]

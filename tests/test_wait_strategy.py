@@ -290,15 +290,18 @@ async def test_a_sweep_cut_short_is_taken_up_where_it_stopped(
 ) -> None:
     # Stream A completes one wait and keeps one pending; B and C complete theirs. With a budget
     # of one wake-up per sweep, the sweeps go A, B, C: the streams a cut sweep did not reach
-    # come first in the next one, not A's pending wait again and again.
+    # come first in the next one, not A's pending wait again and again; and A's task has
+    # resumed before C is swept.
     from aiogpu._wait import _watcher
 
     monkeypatch.setattr(_watcher, "SWEEP_WAKE_BUDGET", 1)
     swept: list[object] = []
+    resumed_when_swept: list[int] = []
     sweep_queue = _watcher.Watcher._sweep_queue
 
     def logged(self: _watcher.Watcher, queue: Any, now: float) -> None:
         swept.append(queue.key)
+        resumed_when_swept.append(3 - left)
         sweep_queue(self, queue, now)
 
     streams = [aiogpu.Stream(sim.device(0), nonblocking=True) for _ in range(3)]
@@ -329,10 +332,57 @@ async def test_a_sweep_cut_short_is_taken_up_where_it_stopped(
                     work.release()
                 await woke.wait()
                 assert swept[:3] == [event._stream_key for event in events], swept
+                assert resumed_when_swept[2] >= 1, resumed_when_swept
                 held.release()
     finally:
         for stream in streams:
             stream.close()
+
+
+@pytest.mark.anyio
+async def test_a_sweep_cut_short_does_not_make_the_loop_watch_a_lone_stream(
+    sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A cut sweep is followed by a yield and another sweep, not by a close watch: with one stream
+    # left whose work is predicted far off, the loop must not watch it (a ``thread`` wait is
+    # never watched on the loop), neither right after the cut nor in the next lone wait.
+    from aiogpu._wait import _watcher
+
+    monkeypatch.setattr(_watcher, "SWEEP_WAKE_BUDGET", 1)
+    work_seconds = 0.03
+    with aiogpu.Stream(sim.device(0), nonblocking=True) as short, aiogpu.Stream(sim.device(0), nonblocking=True) as long:
+        for _ in range(4):  # the long stream's work is predicted from here on
+            sim.launch(long, seconds=work_seconds)
+            await long.record().wait(strategy="thread")
+        held_first = sim.launch(short)
+        first = short.record()
+        held_second = sim.launch(short)
+        second = short.record()
+        sim.launch(long, seconds=work_seconds)
+        far_off = long.record()
+        loop_queries: list[int] = []
+        query = sim.event_query
+
+        def counted(event: int) -> bool:
+            if event in (far_off.handle, lone.handle) and not in_waiter_thread():
+                loop_queries.append(event)
+            return query(event)
+
+        lone = aiogpu.Event(sim.device(0))
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                for event in (first, far_off, second):
+                    tg.start_soon(partial(event.wait, strategy="thread"))
+                    await anyio.wait_all_tasks_blocked()
+                held_first.release()
+                await anyio.wait_all_tasks_blocked()
+                monkeypatch.setattr(sim, "event_query", counted)
+                held_second.release()  # one wake-up: the sweep is cut, the long stream left
+            sim.launch(long, seconds=work_seconds)
+            lone.record(long)
+            await lone.wait(strategy="thread")
+        assert far_off.is_done
+        assert len(loop_queries) <= 6, f"the loop asked {len(loop_queries)} times"
 
 
 @pytest.mark.anyio

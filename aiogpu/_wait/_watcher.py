@@ -216,7 +216,6 @@ class Watcher:
         self._lateness_max = 0.0  # the largest of them: read by every ``auto`` head's plan
         self._auto_backstops: set[_Queue] = set()  # queues whose ``auto`` head a waiter thread watches
         self._woken = 0  # waiting tasks woken by the current sweep
-        self._sweep_cut = False  # the last sweep stopped at its budget: the next beat is now
 
     # -- the waiting task's side (``wait`` below) ---------------------------------------------
     def pending(self) -> list[_Entry]:
@@ -276,11 +275,15 @@ class Watcher:
         look = until is None  # a waiting task saw its work pending a moment ago: plan first
         while self._queues:
             if look:
-                self._sweep(time.perf_counter())
+                cut = self._sweep(time.perf_counter())
                 if until is not None and until.is_set():
                     break
                 if not self._queues:
                     break
+                if cut:  # let the woken tasks run, then sweep the streams it did not reach
+                    await self._backend.yield_now()
+                    checkpointed = True
+                    continue
             look = True
             now = time.perf_counter()
             wake_at, precise = self._plan(now)
@@ -370,24 +373,25 @@ class Watcher:
             self._listening = False
             _doorbell.doorbell().ignore(self._poke_threadsafe)
 
-    def _sweep(self, now: float) -> None:
-        """Sweep the queues in order until ``SWEEP_WAKE_BUDGET`` tasks are woken; those swept go
-        to the back, so a sweep cut short is taken up where it stopped."""
+    def _sweep(self, now: float) -> bool:
+        """Sweep the queues in order until ``SWEEP_WAKE_BUDGET`` tasks are woken. Returns whether
+        it stopped before some queues; those it swept then go to the back, so the next sweep
+        takes it up where it stopped."""
         self._woken = 0
-        self._sweep_cut = False
         queues = self._queues
+        order = list(queues.values())
         swept = []
-        for queue in list(queues.values()):
+        for position, queue in enumerate(order, 1):
             self._sweep_queue(queue, now)
             if not queue.entries:
                 self._retire(queue)
             else:
                 swept.append(queue.key)
-            if self._woken >= SWEEP_WAKE_BUDGET:
-                self._sweep_cut = True
+            if self._woken >= SWEEP_WAKE_BUDGET and position < len(order):
                 for key in swept:
                     queues[key] = queues.pop(key)
-                return
+                return True
+        return False
 
     def _retire(self, queue: _Queue) -> None:
         """Nothing is pending on the queue's stream: keep the queue for its next wait."""
@@ -532,8 +536,6 @@ class Watcher:
         Waiter threads (backstops) are started only when the loop is about to sleep: while it
         watches any queue closely, its sweeps look at every queue anyway.
         """
-        if self._sweep_cut:
-            return now, False
         queues = self._queues.values()
         for queue in queues:
             if queue.entries[0].mode not in _OFF_LOOP and (
