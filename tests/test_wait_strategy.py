@@ -665,10 +665,15 @@ async def _queries_before_the_watcher(sim: SimulatedDriver, monkeypatch: pytest.
         return query(event)
 
     with aiogpu.Stream(sim.device(0)) as stream, aiogpu.Event(sim.device(0)) as event:
-        for _ in range(3):  # the stream's queue and predictor exist
-            sim.launch(stream, 40e-6)
+        # The stream's queue and predictor exist. The work is held until its wait has started:
+        # on a slow machine, timed work could finish first, and a wait on done work opens no queue.
+        for _ in range(3):
+            held = sim.launch(stream)
             event.record(stream)
-            await event.wait(strategy=strategy)  # type: ignore[arg-type]
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(partial(event.wait, strategy=strategy))  # type: ignore[arg-type]
+                await anyio.wait_all_tasks_blocked()
+                held.release()
         work = sim.launch(stream)
         event.record(stream)
         _predict.for_stream(event._stream_key).estimate = 10e-6  # "about to finish"
