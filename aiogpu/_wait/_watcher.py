@@ -147,6 +147,7 @@ class _Entry:
         "error",
         "generation",
         "holds_handle",
+        "key",
         "mode",
         "recorded_at",
         "sequence",
@@ -165,6 +166,7 @@ class _Entry:
         self.started = now  # time.perf_counter() when the first task began waiting (hang reports)
         self.serial = next(_entry_serials)  # tells this wait from every other one (hang reports)
         self.generation = target._generation
+        self.key = (id(target), self.generation)  # in ``Watcher._entries`` while tasks can join it
         self.recorded_at = target._recorded_at
         self.sequence = target._record_sequence
         self.signals: dict[Signal, None] = {}
@@ -225,8 +227,7 @@ class Watcher:
     def _leave(self, entry: _Entry, signal: Signal) -> None:
         entry.signals.pop(signal, None)
         if not entry.signals:
-            if self._entries.get((id(entry.target), entry.generation)) is entry:
-                del self._entries[(id(entry.target), entry.generation)]  # the queue drops it lazily
+            self._forget(entry)  # the queue drops it lazily
             _release_handle(entry)  # never queried again: abandoned entries are skipped unasked
 
     def _enqueue(self, entry: _Entry, now: float) -> None:
@@ -661,19 +662,23 @@ class Watcher:
 
     def _rekey(self, entry: _Entry, now: float) -> None:
         target = entry.target
-        if self._entries.get((id(target), entry.generation)) is entry:
-            del self._entries[(id(target), entry.generation)]
+        self._forget(entry)
         entry.generation = target._generation
+        entry.key = (id(target), entry.generation)
         entry.recorded_at = target._recorded_at
         entry.sequence = target._record_sequence
-        self._entries.setdefault((id(target), entry.generation), entry)
+        self._entries.setdefault(entry.key, entry)
         self._enqueue(entry, now)
+
+    def _forget(self, entry: _Entry) -> None:
+        """No task joins ``entry`` from now on (one dictionary operation: on the wake path)."""
+        registered = self._entries.pop(entry.key, None)
+        if registered is not entry and registered is not None:
+            self._entries[entry.key] = registered  # a re-recorded entry's new key was taken
 
     # -- outcomes -----------------------------------------------------------------------------
     def _complete(self, entry: _Entry) -> None:
-        key = (id(entry.target), entry.generation)
-        if self._entries.get(key) is entry:
-            del self._entries[key]
+        self._forget(entry)
         signals = entry.signals
         self._woken += len(signals)
         for signal in signals:

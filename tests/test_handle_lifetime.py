@@ -1,0 +1,146 @@
+"""HandleLifetime: a handle is destroyed exactly once, never while a wait still uses it, also when
+releases, retains and ``close()`` race on several threads (``release`` takes no lock while the
+handle is open)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+import pytest
+
+from aiogpu import ClosedResourceError
+from aiogpu._lifetime import HandleLifetime
+
+
+class Owner:
+    pass
+
+
+def test_close_waits_for_the_last_release_and_destroys_once() -> None:
+    destroyed: list[int] = []
+    owner = Owner()
+    lifetime = HandleLifetime(owner, "event", 7, destroyed.append)
+    lifetime.acquire()
+    lifetime.acquire()
+    lifetime.close()
+    assert destroyed == []
+    lifetime.retain()  # a waiter thread joining a wait that is still pending: allowed
+    with pytest.raises(ClosedResourceError, match="this event is closed"):
+        lifetime.acquire()  # a new wait is not
+    lifetime.release()
+    lifetime.release()
+    assert destroyed == []
+    lifetime.release()
+    assert destroyed == [7]
+    with pytest.raises(ClosedResourceError, match="this event is closed"):
+        lifetime.retain()
+    lifetime.close()
+    del owner
+    assert destroyed == [7]
+
+
+def test_a_released_open_handle_is_destroyed_by_close_alone() -> None:
+    destroyed: list[int] = []
+    owner = Owner()  # alive throughout: its garbage collection would destroy the handle too
+    lifetime = HandleLifetime(owner, "stream", 3, destroyed.append)
+    lifetime.acquire()
+    lifetime.release()
+    assert destroyed == []
+    lifetime.close()
+    assert destroyed == [3]
+    del owner
+    assert destroyed == [3]
+
+
+class PausingUses(list):  # type: ignore[type-arg]
+    """A lifetime's list of uses whose ``pop`` lets the test run ``close()`` right before or
+    right after it: the two interleavings that a lock-free ``release`` must get right."""
+
+    def __init__(self, uses: list[None], close_before_pop: bool) -> None:
+        super().__init__(uses)
+        self.close_before_pop = close_before_pop
+        self.popping = threading.Event()
+        self.closed = threading.Event()
+
+    def pop(self, *args: int) -> None:
+        self.popping.set()
+        if self.close_before_pop:
+            assert self.closed.wait(10)
+        result = super().pop(*args)
+        if not self.close_before_pop:
+            assert self.closed.wait(10)
+        return result  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("close_before_pop", [True, False], ids=["close-before-pop", "close-after-pop"])
+def test_close_during_the_last_release_destroys_the_handle_once(close_before_pop: bool) -> None:
+    # The release saw the handle open and is about to drop its use (or just dropped it) when
+    # ``close()`` runs on another thread: the handle is destroyed once, after the use is gone.
+    destroyed: list[int] = []
+    owner = Owner()
+    lifetime = HandleLifetime(owner, "event", 5, destroyed.append)
+    lifetime.acquire()
+    uses = lifetime._uses = PausingUses(lifetime._uses, close_before_pop)
+    releasing = threading.Thread(target=lifetime.release)
+    releasing.start()
+    assert uses.popping.wait(10)
+    lifetime.close()
+    assert destroyed == ([5] if not close_before_pop else [])  # a use was left only before the pop
+    uses.closed.set()
+    releasing.join(10)
+    assert not releasing.is_alive()
+    assert destroyed == [5]
+
+
+def _race_releases_retains_and_close(users: int) -> tuple[list[int], list[str]]:
+    """``users`` threads release their use (every other one retains and releases a second use
+    first) while this thread closes: what was destroyed, and what went wrong."""
+    in_use = [users]
+    guard = threading.Lock()
+    errors: list[str] = []
+    destroyed: list[int] = []
+
+    def destroy(handle: int) -> None:
+        with guard:
+            if in_use[0]:
+                errors.append(f"destroyed with {in_use[0]} uses left")
+        destroyed.append(handle)
+
+    owner = Owner()
+    lifetime = HandleLifetime(owner, "event", 1, destroy)
+    for _ in range(users):
+        lifetime.acquire()
+    start = threading.Barrier(users + 1)
+
+    def user(joins_again: bool) -> None:
+        start.wait()
+        if joins_again:
+            try:
+                lifetime.retain()  # allowed while this thread's own use is held
+            except ClosedResourceError as exc:
+                errors.append(f"retain with a use held: {exc}")
+            else:
+                lifetime.release()
+        with guard:
+            in_use[0] -= 1
+        lifetime.release()
+
+    threads = [threading.Thread(target=user, args=(n % 2 == 0,)) for n in range(users)]
+    for thread in threads:
+        thread.start()
+    start.wait()
+    lifetime.close()
+    for thread in threads:
+        thread.join()
+    return destroyed, errors
+
+
+def test_racing_releases_retains_and_close_destroy_once_and_never_in_use() -> None:
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as CPython allows
+    try:
+        for _ in range(100):
+            assert _race_releases_retains_and_close(users=4) == ([1], [])
+    finally:
+        sys.setswitchinterval(interval)
