@@ -173,6 +173,7 @@ async def test_auto_watches_earlier_when_its_timed_wake_ups_arrive_late(
     from aiogpu._wait import _timer, _watcher
 
     late = 0.6e-3  # under LATENESS_MAX: a slow wake-up, not a busy loop
+    monkeypatch.setattr(_watcher, "WARM_SPAN", 0.0)  # one timed wake-up per park, the last one
     call_at = _timer.Timer.call_at
     monkeypatch.setattr(_timer.Timer, "call_at", lambda self, when, callback: call_at(self, when + late, callback))
     with aiogpu.Stream(sim.device(0)) as stream:
@@ -197,6 +198,56 @@ async def test_auto_watches_earlier_when_its_timed_wake_ups_arrive_late(
             assert lead == pytest.approx(_watcher.LEAD["auto"] + min(max(watcher._lateness), 0.15 * estimate))
             assert lead >= _watcher.LEAD["auto"] + late
         await event
+
+
+@pytest.mark.anyio
+async def test_a_long_precise_park_wakes_the_loop_in_beats_before_the_close_watch(
+    sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Parked for tens of ms: the timer wakes the loop WARM_SPAN before the close watch is due
+    # and then every WARM_BEAT until it, so the loop is awake when it counts.
+    from aiogpu._wait import _timer, _watcher
+
+    asked: list[float] = []
+    call_at = _timer.Timer.call_at
+
+    def noted(self: _timer.Timer, when: float, callback: Any) -> int:
+        asked.append(when)
+        return call_at(self, when, callback)
+
+    with aiogpu.Stream(sim.device(0)) as stream:
+        watcher = _watcher.current()
+        with anyio.fail_after(10):
+            for _ in range(4):  # the stream's work is predicted from here on
+                sim.launch(stream, seconds=0.04)
+                await stream.record().wait(strategy="auto")
+            monkeypatch.setattr(_timer.Timer, "call_at", noted)
+            sim.launch(stream, seconds=0.04)
+            event = stream.record()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(partial(event.wait, strategy="auto"))
+                await anyio.wait_all_tasks_blocked()
+                watch_from = next(iter(watcher._queues.values())).watch_from
+            assert event.is_done
+    beats = [when for when in asked if when <= watch_from]
+    # The first beat ends the long sleep; how many follow depends on how late each arrives.
+    assert beats[0] == watch_from - _watcher.WARM_SPAN, beats
+    assert len(beats) >= 2, beats
+    assert beats == sorted(beats)
+
+
+def test_beats_come_every_warm_beat_from_the_end_of_the_long_sleep_to_the_close_watch() -> None:
+    from aiogpu._wait import _watcher
+
+    wake_at, now, beats = 0.005, 0.0, []
+    while not beats or beats[-1] < wake_at:  # each beat arriving on time
+        now = _watcher._warm_beat(now, wake_at)
+        beats.append(now)
+    span, beat = _watcher.WARM_SPAN, _watcher.WARM_BEAT
+    assert beats == pytest.approx([wake_at - span + k * beat for k in range(round(span / beat) + 1)])
+    assert _watcher._warm_beat(1.0, 1.0 + beat) == 1.0 + beat  # a short park: one timed wake-up
+    assert _watcher._warm_beat(1.0, 1.0 + beat / 2) == 1.0 + beat / 2
+    assert _watcher._warm_beat(1.0, 1.0 + span) == 1.0 + beat  # within the span: beating already
 
 
 @pytest.mark.anyio
