@@ -23,7 +23,8 @@ Rules this file keeps:
 3. Where to watch from is the strategy's choice, per stream queue (the head's strategy):
    ``auto`` watches closely on the loop (query, yield, query...) near the completion — right
    after the wait starts, and from just before the predicted completion (``_predict``) — and
-   otherwise parks: on the precise timer thread until the predicted time, or on a waiter
+   otherwise parks: on the precise timer thread until the predicted time (waking the loop in
+   a few beats before it after a long sleep: ``WARM_SPAN``), or on a waiter
    thread (``_thread``) when nothing is predicted (at most ``AUTO_BACKSTOPS_MAX``
    streams at a time; the rest are queried on the back-off schedule). ``poll`` does the same with loop
    timers only (no thread at all), so it parks coarsely and watches for longer. ``thread``
