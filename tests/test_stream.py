@@ -171,22 +171,28 @@ async def test_waits_on_two_threads_per_thread_streams_do_not_queue_behind_each_
         behind_other = await anyio.to_thread.run_sync(record_on_another_thread)
         holds_mine.block(per_thread)
         mine = per_thread.record()
-        mine_done = anyio.Event()
+        await assert_not_queued_behind(behind_other, holds_other, mine, holds_mine)
 
-        async def wait_for_mine() -> None:
-            await mine.wait()
-            mine_done.set()
 
-        with anyio.fail_after(10):
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(behind_other.wait)
-                await anyio.wait_all_tasks_blocked()
-                tg.start_soon(wait_for_mine)
-                await anyio.wait_all_tasks_blocked()
-                holds_mine.release()
-                await mine_done.wait()
-                assert not behind_other.is_done
-                holds_other.release()
+async def assert_not_queued_behind(held: aiogpu.Event, holds: Latch, later: aiogpu.Event, holds_later: Latch) -> None:
+    """A wait for ``later`` ends once ``holds_later`` is released, while a wait for ``held``
+    started before it is still pending: the two were not queued as one stream."""
+    later_done = anyio.Event()
+
+    async def wait_for_later() -> None:
+        await later.wait()
+        later_done.set()
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(held.wait)
+            await anyio.wait_all_tasks_blocked()
+            tg.start_soon(wait_for_later)
+            await anyio.wait_all_tasks_blocked()
+            holds_later.release()
+            await later_done.wait()
+            assert not held.is_done
+            holds.release()
 
 
 @pytest.mark.anyio
@@ -211,22 +217,7 @@ async def test_a_thread_that_reuses_an_exited_threads_ident_has_its_own_per_thre
     with per_thread, Latch(device) as holds_first, Latch(device) as holds_second:
         first = record_on_a_new_thread(holds_first)
         second = record_on_a_new_thread(holds_second)
-        second_done = anyio.Event()
-
-        async def wait_for_second() -> None:
-            await second.wait()
-            second_done.set()
-
-        with anyio.fail_after(10):
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(first.wait)
-                await anyio.wait_all_tasks_blocked()
-                tg.start_soon(wait_for_second)
-                await anyio.wait_all_tasks_blocked()
-                holds_second.release()
-                await second_done.wait()
-                assert not first.is_done
-                holds_first.release()
+        await assert_not_queued_behind(first, holds_first, second, holds_second)
 
 
 def test_wait_for_rejects_other_things(device: aiogpu.Device) -> None:

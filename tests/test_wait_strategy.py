@@ -230,9 +230,9 @@ async def test_a_long_precise_park_wakes_the_loop_in_beats_before_the_close_watc
                 watch_from = next(iter(watcher._queues.values())).watch_from
             assert event.is_done
     beats = [when for when in asked if when <= watch_from]
-    # The first beat ends the long sleep; how many follow depends on how late each arrives.
+    # The first beat ends the long sleep; how many follow depends on how late each arrives
+    # (the schedule itself is the next test's).
     assert beats[0] == watch_from - _watcher.WARM_SPAN, beats
-    assert len(beats) >= 2, beats
     assert beats == sorted(beats)
 
 
