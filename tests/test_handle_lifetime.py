@@ -64,12 +64,13 @@ class PausingUses(list):  # type: ignore[type-arg]
         self.closed = threading.Event()
 
     def pop(self, *args: int) -> None:
-        self.popping.set()
         if self.close_before_pop:
+            self.popping.set()
             assert self.closed.wait(10)
+            return super().pop(*args)  # type: ignore[no-any-return]
         result = super().pop(*args)
-        if not self.close_before_pop:
-            assert self.closed.wait(10)
+        self.popping.set()  # popped: only now may the test close
+        assert self.closed.wait(10)
         return result  # type: ignore[no-any-return]
 
 

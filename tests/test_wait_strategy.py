@@ -433,7 +433,7 @@ async def test_a_sweep_cut_short_does_not_make_the_loop_watch_a_lone_stream(
             lone.record(long)
             await lone.wait(strategy="thread")
         assert far_off.is_done
-        assert len(loop_queries) <= 6, f"the loop asked {len(loop_queries)} times"
+        assert len(loop_queries) <= 20, f"the loop asked {len(loop_queries)} times"  # watched: hundreds
 
 
 @pytest.mark.anyio

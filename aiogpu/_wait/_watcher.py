@@ -783,7 +783,8 @@ async def wait(target: WaitTarget, *, strategy: WaitStrategy | None = None) -> N
     signal = _DriverFlag() if driving else watcher._backend.new_signal()
     if entry is None:
         now = time.perf_counter()
-        entry = watcher._entries[key] = _Entry(target, mode, now)
+        entry = _Entry(target, mode, now)
+        watcher._entries[entry.key] = entry
         entry.signals[signal] = None  # before it is planned: a head without waiters is skipped
         watcher._enqueue(entry, now)
     else:
