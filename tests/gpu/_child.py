@@ -19,6 +19,7 @@ import typing
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.lowlevel
 
 import aiogpu
 from aiogpu.testing import Latch, launch_fault, launch_spin
@@ -107,7 +108,13 @@ async def fault_under_awaiters(strategy: aiogpu.WaitStrategy) -> dict[str, Any]:
                     for event in events:
                         for _ in range(AWAITERS_PER_EVENT):
                             awaiters.start_soon(awaiter, event)
-                    await anyio.wait_all_tasks_blocked()
+                    # Every awaiter has joined its event's wait. (Not ``wait_all_tasks_blocked``,
+                    # which timed out here once, poll on uvloop: it retries only when no task
+                    # looks runnable, and a watcher woken by cold polls on whole milliseconds,
+                    # as its own 100 ms sleeps are, can look runnable whenever it looks.)
+                    joined = len(events) * AWAITERS_PER_EVENT
+                    while sum(wait.waiters for wait in aiogpu.pending_waits()) < joined:
+                        await anyio.lowlevel.checkpoint()
                     pending_before_release = not any(event.is_done for event in events)
                     released_at = time.monotonic()
                     latch.release()
