@@ -108,15 +108,15 @@ IDLE_SPIN = 20e-6
 #: after query until ``IDLE_SPIN`` past the prediction, instead of through an entry, a plan and
 #: a first yield: for ~20 µs of work, setting those up costs more than the work has left.
 SPIN_AHEAD = 50e-6
-#: A precise park (``auto``) that sleeps longer than this wakes the loop ``WARM_SPAN`` before its
-#: time and then every ``WARM_BEAT`` until it (each beat a sweep and a plan): on a VM, a thread
+#: A precise park (``auto``) longer than ``WARM_SPAN + WARM_BEAT`` wakes the loop ``WARM_SPAN``
+#: before its time and then every ``WARM_BEAT`` until it (each beat a sweep and a plan): on a VM, a thread
 #: asleep for milliseconds can wake milliseconds late, one asleep for a few hundred µs seldom
 #: does. On an H100 host (2026-11-23), parked ~4 ms for 5 ms of work, the timer thread fired
 #: up to 3.7 ms late and the loop woke up to 3 ms after a timely poke, 3-8 % of the time.
 #: Interleaved in one process there, 5 ms work, p99 over a spinning synchronize: +346 / +152 µs
 #: (asyncio / uvloop) with these beats against +1371 / +627 µs without, for 22 / 20 % of the
 #: work's time in CPU against 17 / 14 %; beats every 200 µs from 1 ms before cost more CPU
-#: (26 / 23 %) for no better p99.
+#: (26 / 23 %) for about the same p99 (+339 / +138 µs).
 WARM_SPAN = 0.8e-3
 WARM_BEAT = 0.4e-3
 #: A sweep that has woken this many waiting tasks leaves the queues it has not reached for the
