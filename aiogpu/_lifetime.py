@@ -74,16 +74,11 @@ class HandleLifetime:
             self._uses.append(None)
 
     def release(self) -> None:
+        self._uses.pop()  # atomic: no lock while the handle is open
         if not self._closed:
-            self._uses.pop()
-            if not self._closed:
-                return
-            with self._lock:  # closed meanwhile: ``close`` may have counted this use
-                destroy_now = not self._uses
-        else:
-            with self._lock:
-                self._uses.pop()
-                destroy_now = not self._uses
+            return
+        with self._lock:  # closed: ``close`` may have counted this use, and left the handle to us
+            destroy_now = not self._uses
         if destroy_now and self._finalizer is not None:
             self._finalizer()  # ``weakref.finalize`` runs once, however often it is called
 

@@ -32,17 +32,17 @@ if TYPE_CHECKING:
 
 
 _thread_serials = itertools.count()
-_this_thread = threading.local()
 
 
-def _thread_serial() -> int:
+class _ThreadSerial(threading.local):
     """This thread's number, never another's (thread idents are reused once a thread exits): it
     tells apart the per-thread default streams of different threads."""
-    try:
-        return _this_thread.serial  # type: ignore[no-any-return]
-    except AttributeError:
-        serial = _this_thread.serial = next(_thread_serials)
-        return serial
+
+    def __init__(self) -> None:
+        self.value = next(_thread_serials)
+
+
+_this_thread = _ThreadSerial()
 
 
 #: Serial numbers of the streams aiogpu creates (``Stream._wait_key``).
@@ -273,7 +273,7 @@ class Stream:
             self._driver.event_record(event._handle, self._handle)
         key: object = self._wait_key
         if self._handle == PER_THREAD_STREAM:  # each thread's own stream: they complete in no common order
-            key = (*self._wait_key[:2], "thread", _thread_serial())
+            key = (*self._wait_key[:2], "thread", _this_thread.value)
         event._mark_recorded(key)
 
     def wait_for(self, other: Event | Stream | Device) -> None:

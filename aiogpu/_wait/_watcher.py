@@ -135,7 +135,7 @@ def _warm_beat(now: float, wake_at: float) -> float:
         return wake_at
     if left > WARM_SPAN + WARM_BEAT:
         return wake_at - WARM_SPAN
-    return min(wake_at, now + WARM_BEAT)
+    return now + WARM_BEAT
 
 
 def _watch_past_prediction(estimate: float) -> float:
