@@ -56,3 +56,25 @@ async def test_asyncio_cancellation_is_prompt(device: aiogpu.Device, strategy: a
 async def test_await_event_in_gather(device: aiogpu.Device) -> None:
     with aiogpu.Stream(device) as first, aiogpu.Stream(device) as second:
         await asyncio.wait_for(asyncio.gather(first.record(), second.record(), first.wait_idle()), 10)
+
+
+@pytest.mark.asyncio
+async def test_a_wait_cancelled_as_its_work_completes_wakes_the_others(
+    device: aiogpu.Device, strategy: aiogpu.WaitStrategy
+) -> None:
+    # The first wait drives the watcher; the second is cancelled, and the work released, in one
+    # step of another task: on the simulator the driver then completes the recording before the
+    # cancelled task has run, and must wake the other waiter past that task's cancelled future.
+    with aiogpu.Stream(device) as stream, Latch(device) as latch:
+        event = await _held_event(device, stream, latch)
+        driving = asyncio.create_task(event.wait(strategy=strategy))
+        await asyncio.sleep(0)
+        cancelled = asyncio.create_task(event.wait(strategy=strategy))
+        await asyncio.sleep(0)
+        assert [wait.waiters for wait in aiogpu.pending_waits()] == [2]
+        cancelled.cancel()
+        latch.release()
+        await asyncio.wait_for(driving, 10)
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        assert aiogpu.pending_waits() == []

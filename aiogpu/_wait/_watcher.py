@@ -38,6 +38,7 @@ Rules this file keeps:
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import itertools
 import math
@@ -45,15 +46,14 @@ import random
 import time
 import weakref
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .. import _loop
 from . import _doorbell, _helpers, _predict, _thread, _timer
 from ._strategy import WaitStrategy, check_strategy
 
 if TYPE_CHECKING:
-    import asyncio
-    from collections.abc import Awaitable
+    from collections.abc import Generator
 
     from .._loop import Backend, Signal
     from . import WaitTarget
@@ -154,13 +154,13 @@ class _DriverFlag:
     def __init__(self) -> None:
         self._set = False
 
-    def set(self) -> None:
+    def set_result(self, result: None, /) -> None:
         self._set = True
 
-    def is_set(self) -> bool:
+    def done(self) -> bool:
         return self._set
 
-    def wait(self) -> Awaitable[None]:
+    def __await__(self) -> Generator[Any, None, None]:
         raise RuntimeError("a driving task never awaits its own signal")
 
 
@@ -301,7 +301,7 @@ class Watcher:
         while self._queues:
             if look:
                 cut = self._sweep(time.perf_counter())
-                if until is not None and until.is_set():
+                if until is not None and until.done():
                     break
                 if not self._queues:
                     break
@@ -315,7 +315,7 @@ class Watcher:
             if wake_at > now:
                 await self._park(now, wake_at, precise)
             elif len(self._queues) == 1:
-                if await self._watch_only_queue(next(iter(self._queues.values()))) and until is not None and until.is_set():
+                if await self._watch_only_queue(next(iter(self._queues.values()))) and until is not None and until.done():
                     return  # its own wait is over: straight back to the task (the close watch checkpointed)
             else:
                 await self._backend.yield_now()
@@ -593,7 +593,7 @@ class Watcher:
             if precise:
                 beat_at = _warm_beat(now, wake_at)
                 handle = _timer.timer().call_at(beat_at, self._poke_threadsafe)
-                await signal.wait()
+                await signal
                 late = time.perf_counter() - wake_at
                 if 0 <= late <= LATENESS_MAX:  # woken by the timer (a beat or the last), not by a completion or a new wait
                     self._lateness.append(late)
@@ -608,7 +608,7 @@ class Watcher:
     def _poke(self) -> None:
         """Look again now (loop thread): a new wait, a thread saw a completion, a timer fired."""
         if self._park_signal is not None:
-            self._park_signal.set()
+            _loop.set_signal(self._park_signal)
 
     def _poke_threadsafe(self) -> None:
         self._backend.waker(self._poke)
@@ -706,8 +706,12 @@ class Watcher:
         self._forget(entry)
         signals = entry.signals
         self._woken += len(signals)
-        for signal in signals:
-            signal.set()
+        try:
+            for signal in signals:
+                signal.set_result(None)
+        except asyncio.InvalidStateError:  # a task that was cancelled has not left yet
+            for signal in signals:
+                _loop.set_signal(signal)
         _release_handle(entry)
 
     def _fail_queue(self, queue: _Queue, error: BaseException) -> None:
@@ -792,7 +796,7 @@ async def wait(target: WaitTarget, *, strategy: WaitStrategy | None = None) -> N
     try:
         if not driving:
             watcher._poke()
-            await signal.wait()
+            await signal  # on asyncio the loop's future itself: no frame more on the wake-up
         else:  # nobody watches: this task does, so its own wake-up costs no hand-off
             watcher._running = True
             try:
