@@ -43,4 +43,5 @@ def test_the_wake_benchmark_runs_on_the_simulated_device_and_labels_it(tmp_path:
     fanout = {(row["loop"], row["waiters"], row["streams"], row["strategy"]) for row in result["fanout"]}
     assert ("asyncio", 10_000, 64, "aiogpu auto") in fanout
     assert all(row["wall_ms"] > 0 and row["cpu_us_per_wait"] > 0 for row in result["fanout"])
+    assert all(0 < row["wall_ms_best"] <= row["wall_ms"] for row in result["fanout"])  # the best run and the median
     assert run.stdout.count("fan-out") >= len(result["fanout"])  # a progress line per case
