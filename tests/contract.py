@@ -18,7 +18,7 @@ import anyio.lowlevel
 import pytest
 
 import aiogpu
-from aiogpu._wait._watcher import AUTO_BACKSTOPS_MAX
+from aiogpu._wait._watcher import AUTO_WATCH_MAX
 from aiogpu.testing import Latch, launch_spin
 from tests.helpers import in_waiter_thread, settle_waiter_threads
 
@@ -275,7 +275,7 @@ class Contract:
         if strategy == "callback":
             pytest.skip("a pending host function delays device work added to other streams afterwards (CUDA documents it)")
         held_count = 8
-        waiter_threads = {"poll": 0, "auto": min(held_count, AUTO_BACKSTOPS_MAX)}.get(strategy, held_count)
+        polled_events = {"poll": 0, "auto": min(held_count, AUTO_WATCH_MAX)}.get(strategy, held_count)
         polled: set[int] = set()
         all_polled = threading.Event()
         driver = device._driver
@@ -284,12 +284,12 @@ class Contract:
         def noted(event: int) -> bool:  # which events the waiter threads have begun to poll
             if in_waiter_thread():
                 polled.add(event)
-                if len(polled) >= waiter_threads:
+                if len(polled) >= polled_events:
                     all_polled.set()
             return query(event)
 
         monkeypatch.setattr(driver, "event_query", noted)
-        if waiter_threads == 0:
+        if polled_events == 0:
             all_polled.set()
         held_streams = [aiogpu.Stream(device, nonblocking=True) for _ in range(held_count)]
         own_streams = [aiogpu.Stream(device) for _ in range(4)] + [aiogpu.Stream(device, nonblocking=True) for _ in range(11)]
@@ -305,7 +305,7 @@ class Contract:
                             tg.start_soon(partial(event.wait, strategy=strategy))
                         await anyio.wait_all_tasks_blocked()
                         # The loop sleeps meanwhile: that is when waits go off the loop.
-                        assert await anyio.to_thread.run_sync(all_polled.wait, 10.0), f"{len(polled)} of {waiter_threads}"
+                        assert await anyio.to_thread.run_sync(all_polled.wait, 10.0), f"{len(polled)} of {polled_events}"
                         after = []
                         for stream in (device.default_stream, *own_streams):
                             launch_spin(stream, 1e-5)

@@ -127,6 +127,111 @@ async def test_thread_strategy_blocks_in_the_driver_on_a_blocking_sync_event(
     assert times == []  # no polling beside it
 
 
+def test_a_watch_ends_at_the_first_of_its_events_done_and_says_which(
+    sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aiogpu._wait import _thread
+
+    pool = _thread.pool()
+    _, polled = waiter_thread_queries(sim, monkeypatch, enough=6)  # each event asked twice
+    notified = threading.Event()
+    streams = [aiogpu.Stream(sim.device(0)) for _ in range(3)]
+    works = [sim.launch(stream) for stream in streams]
+    events = [stream.record() for stream in streams]
+    try:
+        watch = pool.watch_any(tuple(events), notified.set)
+        assert polled.wait(10)
+        assert not notified.is_set()
+        live = sim.statistics().live_events
+        events[0].close()  # the watch holds its handle until it ends
+        assert sim.statistics().live_events == live
+        works[1].release()
+        assert notified.wait(10)
+        assert (watch.done_index, watch.outcome) == (1, None)
+        assert 0 < watch.pending_at <= watch.detected_at
+        assert pool.wait_quiet(10)
+        assert sim.statistics().live_events == live - 1  # ended: the closed event is gone
+        assert not events[2].is_done
+    finally:
+        for work in works:
+            work.release()
+        for stream in streams:
+            stream.synchronize()
+            stream.close()
+
+
+def test_a_watch_nobody_waits_for_ends_before_its_work_does(sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch) -> None:
+    from aiogpu._wait import _thread
+
+    pool = _thread.pool()
+    _, polled = waiter_thread_queries(sim, monkeypatch, enough=2)
+    notified = threading.Event()
+    streams = [aiogpu.Stream(sim.device(0)) for _ in range(2)]
+    works = [sim.launch(stream) for stream in streams]
+    events = [stream.record() for stream in streams]
+    try:
+        watch = pool.watch_any(tuple(events), notified.set)
+        assert polled.wait(10)
+        pool.unsubscribe(watch)
+        assert pool.wait_quiet(10)  # its thread let go while the work is still held
+        assert not notified.is_set()
+        assert not any(event.is_done for event in events)
+    finally:
+        for work in works:
+            work.release()
+        for stream in streams:
+            stream.synchronize()
+            stream.close()
+
+
+@pytest.mark.anyio
+async def test_auto_parks_unpredicted_waits_on_many_streams_on_one_waiter_thread(
+    sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Work released on many streams at once completes on several at once: a waiter thread per
+    # stream, each seeing its own completion, would fight the waking loop for the GIL.
+    from aiogpu._wait import _thread
+
+    pool = _thread.pool()
+    watched: list[list[int]] = []  # the events of each watch started
+    watch_any = pool.watch_any
+
+    def noted(targets: tuple[aiogpu.Event, ...], notify: Callable[[], None]) -> _thread.Subscriber:
+        watched.append(sorted(target.handle for target in targets))
+        return watch_any(targets, notify)
+
+    monkeypatch.setattr(pool, "watch_any", noted)
+    streams = [aiogpu.Stream(sim.device(0)) for _ in range(5)]
+    works = [sim.launch(stream) for stream in streams]
+    events = [stream.record() for stream in streams]
+    woken = [anyio.Event() for _ in events]
+
+    async def waiter(index: int) -> None:
+        await events[index].wait(strategy="auto")
+        woken[index].set()
+
+    try:
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                for index in range(len(events)):
+                    tg.start_soon(waiter, index)
+                pending = list(range(len(events)))
+                for released in (3, 0, 4, 1, 2):
+                    await anyio.wait_all_tasks_blocked()
+                    assert pool.statistics().subscribers == 1  # one watch, no thread of its own for any
+                    assert watched[-1] == sorted(events[index].handle for index in pending)
+                    works[released].release()
+                    pending.remove(released)
+                    await woken[released].wait()
+                    assert [index for index, event in enumerate(woken) if not event.is_set()] == pending
+        assert pool.wait_quiet(10)
+    finally:
+        for work in works:
+            work.release()
+        for stream in streams:
+            stream.close()
+
+
 @pytest.mark.anyio
 async def test_callback_wait_is_woken_by_the_host_function(sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch) -> None:
     """With the watchdog's polls an hour apart, only the host function can wake the wait."""

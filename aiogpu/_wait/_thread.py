@@ -5,7 +5,10 @@ Invariants:
 - Only threads of this module (and the timer thread, which never calls the driver) run
   outside an event loop on aiogpu's behalf, and only they may block in a driver call.
 - One *job* per recording of an event (event object, record generation): every subscriber to
-  that recording, from any loop, shares it.
+  that recording, from any loop, shares it. A *watch* (``watch_any``) is a job of its own for
+  one subscriber: a thread queries several events in turn and ends at the first one done (a
+  loop's unpredicted ``auto`` waits, one per stream: one thread to wake when work is released on
+  many streams at once, not one per stream fighting the loop for the GIL).
 - A job may first sleep until ``spin_from``, poke its loops once if it slept (``_rouse``) and
   watch the event closely for a while (the predicted completion is near). Otherwise, or if
   that watch runs out, it blocks in ``cuEventSynchronize`` if the event is
@@ -57,7 +60,7 @@ POLL_MAX = 1e-3  # each pause doubles, up to this
 class Subscriber:
     """One party interested in a job; ``notify`` is called (from the job's thread) when it ends."""
 
-    __slots__ = ("detected_at", "job", "notify", "outcome", "pending_at")
+    __slots__ = ("detected_at", "done_index", "job", "notify", "outcome", "pending_at")
 
     def __init__(self, notify: Callable[[], None], job: _Job) -> None:
         self.notify = notify
@@ -65,14 +68,15 @@ class Subscriber:
         self.outcome: BaseException | None = None
         self.pending_at = 0.0  # time.perf_counter() when the thread last saw the work pending
         self.detected_at = 0.0  # time.perf_counter() when the thread saw the completion
+        self.done_index = -1  # which of the job's events it saw done (a watch's position)
 
 
 class _Job:
-    __slots__ = ("key", "running", "spin_from", "subscribers", "target")
+    __slots__ = ("key", "running", "spin_from", "subscribers", "targets")
 
-    def __init__(self, key: tuple[int, int], target: WaitTarget, spin_from: float | None) -> None:
+    def __init__(self, key: tuple[object, int], targets: tuple[WaitTarget, ...], spin_from: float | None) -> None:
         self.key = key
-        self.target = target
+        self.targets = targets  # a recording's job has one; a watch, one per stream
         self.spin_from = spin_from
         self.running = False
         self.subscribers: dict[Subscriber, None] = {}  # insertion-ordered set: O(1) removal
@@ -88,6 +92,11 @@ class PoolStatistics:
     running_jobs: int
     abandoned_jobs: int
     subscribers: int
+
+
+def _release_targets(job: _Job) -> None:
+    for target in job.targets:
+        target._lifetime.release()
 
 
 def _notify(subscribers: list[Subscriber]) -> None:
@@ -107,24 +116,40 @@ class _Pool:
         self._work = threading.Condition(self._lock)  # notified: a job was queued
         self._quiet = threading.Condition(self._lock)  # notified: no job left, or a thread exited
         self._queue: deque[_Job] = deque()
-        self._jobs: dict[tuple[int, int], _Job] = {}
+        self._jobs: dict[tuple[object, int], _Job] = {}
         self._threads = 0
         self._idle = 0
         self._stop_idle = False
         self._serial = 0
+        self._watches = 0
 
     def subscribe(self, target: WaitTarget, notify: Callable[[], None], spin_from: float | None = None) -> Subscriber:
         key = (id(target), target._generation)
         with self._lock:
             job = self._jobs.get(key)
             if job is None:
-                target._lifetime.retain()  # the subscribing wait holds it; released when the job ends
-                job = self._jobs[key] = _Job(key, target, spin_from)
-                self._queue.append(job)
-                self._dispatch()
+                job = self._queue_job(key, (target,), spin_from)
             subscriber = Subscriber(notify, job)
             job.subscribers[subscriber] = None
         return subscriber
+
+    def watch_any(self, targets: tuple[WaitTarget, ...], notify: Callable[[], None]) -> Subscriber:
+        """One thread queries ``targets`` in turn, with growing pauses, and ends at the first one
+        done (``done_index``); shared with nobody."""
+        with self._lock:
+            self._watches += 1
+            job = self._queue_job(("watch", self._watches), targets, None)
+            subscriber = Subscriber(notify, job)
+            job.subscribers[subscriber] = None
+        return subscriber
+
+    def _queue_job(self, key: tuple[object, int], targets: tuple[WaitTarget, ...], spin_from: float | None) -> _Job:
+        for target in targets:  # the subscribing waits hold them; released when the job ends
+            target._lifetime.retain()
+        job = self._jobs[key] = _Job(key, targets, spin_from)
+        self._queue.append(job)
+        self._dispatch()
+        return job
 
     def unsubscribe(self, subscriber: Subscriber) -> None:
         with self._lock:
@@ -168,7 +193,7 @@ class _Pool:
                     job = None
                 break
         for abandoned in dropped:  # outside the lock: the release may destroy the event
-            abandoned.target._lifetime.release()
+            _release_targets(abandoned)
         return job
 
     def _forget(self, job: _Job) -> None:  # with self._lock held
@@ -180,14 +205,15 @@ class _Pool:
         precise_sleeps()  # its pauses and its sleep until a predicted completion
         while (job := self._next_job()) is not None:
             outcome: BaseException | None = None
-            pending_at: float | None = 0.0
+            seen: tuple[float, int] | None = (0.0, -1)
             try:
-                pending_at = self._wait_for(job)
+                seen = self._wait_for(job) if len(job.targets) == 1 else self._wait_for_any(job)
             except Exception as exc:  # delivered to every subscriber, never raised here
                 outcome = exc
-            if pending_at is None:  # every subscriber left: the job is forgotten already
-                job.target._lifetime.release()
+            if seen is None:  # every subscriber left: the job is forgotten already
+                _release_targets(job)
                 continue
+            pending_at, done_index = seen
             detected_at = time.perf_counter()
             with self._lock:
                 self._forget(job)
@@ -198,17 +224,19 @@ class _Pool:
                     subscriber.outcome = outcome
                     subscriber.detected_at = detected_at
                     subscriber.pending_at = pending_at
+                    subscriber.done_index = done_index
                 _notify(subscribers)
             finally:
-                job.target._lifetime.release()
+                _release_targets(job)
 
-    def _wait_for(self, job: _Job) -> float | None:
+    def _wait_for(self, job: _Job) -> tuple[float, int] | None:
         """Block this (waiter) thread until the job's work is complete, or until nobody waits
         for it any more (then ``None``; noticed between polls only).
 
-        Returns when the work was last seen pending (``time.perf_counter()``; 0.0 if never).
+        Returns when the work was last seen pending (``time.perf_counter()``; 0.0 if never),
+        and 0: the position of the event seen done.
         """
-        target = job.target
+        (target,) = job.targets
         driver, device = target._driver, target._device
         query, handle = driver.event_query, target._handle
         pending_at = 0.0
@@ -220,13 +248,13 @@ class _Pool:
             give_up = time.perf_counter() + SPIN_SECONDS
             while (now := time.perf_counter()) < give_up:
                 if query(handle):
-                    return pending_at
+                    return pending_at, 0
                 pending_at = now
         if target.is_blocking_sync:
             if driver.context_get_current() != device._context:
                 driver.context_set_current(device._context)
             driver.event_synchronize(handle)
-            return pending_at
+            return pending_at, 0
         pause = POLL_FIRST
         while not query(handle):
             pending_at = time.perf_counter()
@@ -234,7 +262,25 @@ class _Pool:
                 return None
             time.sleep(pause)
             pause = min(2 * pause, POLL_MAX)
-        return pending_at
+        return pending_at, 0
+
+    def _wait_for_any(self, job: _Job) -> tuple[float, int] | None:
+        """``_wait_for`` for a watch: a round of queries, one per event, then a pause growing as
+        ``_wait_for``'s, until one is seen done. When each was last seen pending: no later than
+        the start of the round before."""
+        queries = [(target._driver.event_query, target._handle) for target in job.targets]
+        pending_at = 0.0
+        pause = POLL_FIRST
+        while True:
+            round_at = time.perf_counter()
+            for index, (query, handle) in enumerate(queries):
+                if query(handle):
+                    return pending_at, index
+            pending_at = round_at
+            if self._let_go(job):
+                return None
+            time.sleep(pause)
+            pause = min(2 * pause, POLL_MAX)
 
     def _let_go(self, job: _Job) -> bool:
         """End a polled job that nobody waits for any more (under the lock, so nobody joins it
