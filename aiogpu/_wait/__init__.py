@@ -4,8 +4,8 @@
     Watches closely on the loop thread where completion is near — right after the wait
     starts, and from just before the completion predicted from the stream's recent waits —
     and otherwise sleeps: until the prediction on a precise timer thread, or, with nothing to
-    predict, in a waiter thread that queries with growing pauses. Near busy-spin latency at a
-    fraction of its CPU.
+    predict, until one waiter thread, querying such streams' oldest waits in turn with growing
+    pauses, sees one done. Near busy-spin latency at a fraction of its CPU.
 ``"poll"``
     The same close watch with no thread at all: between watches it sleeps on the loop's own
     timers, which cannot sleep under ~1 ms, so it watches for longer (more CPU) to keep the

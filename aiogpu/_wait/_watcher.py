@@ -93,8 +93,8 @@ COLD_POLL_JITTER = 0.2
 #: thread's wake-up makes the loop sweep them all). One thread, not one per stream: work
 #: released on many streams at once completed on several at once, and as many threads, each
 #: seeing its own completion, fought the waking loop for the GIL. A fan-out of 10,000 waits on
-#: 64 streams (H200, 2026-11-25, uvloop, 12 rounds) woke its first task 1.25 ms after the
-#: release with eight such threads, 0.81 ms with one.
+#: 64 streams (H200, 2026-11-25, uvloop, 12 interleaved rounds) woke its first task 1.09 ms
+#: after the release with up to eight threads, 0.73 ms with this one.
 AUTO_WATCH_MAX = 64
 #: Queues of streams with nothing pending kept for their next wait (a stream's queue holds its
 #: predictor and when its last work finished).
@@ -247,7 +247,7 @@ class Watcher:
         self._listening = False  # to the doorbell
         self._lateness: deque[float] = deque(maxlen=LATENESS_WINDOW)  # of precise wake-ups (s)
         self._lateness_max = 0.0  # the largest of them: read by every ``auto`` head's plan
-        self._auto_backstops: set[_Queue] = set()  # queues whose ``auto`` head the watch queries
+        self._auto_watched: set[_Queue] = set()  # queues whose ``auto`` head the watch queries
         self._woken = 0  # waiting tasks woken by the current sweep
 
     # -- the waiting task's side (``wait`` below) ---------------------------------------------
@@ -579,7 +579,7 @@ class Watcher:
             if queue.entries[0].mode not in _OFF_LOOP and (
                 queue.progressed or queue.watch_from <= now <= queue.watch_until or now <= queue.momentum_until
             ):
-                self._drop_auto_backstops()
+                self._drop_auto_watch()
                 return now, False
         wake_at, precise = math.inf, False
         parked_auto = []
@@ -671,11 +671,11 @@ class Watcher:
                 done = min(done, backstop.detected_at)
         queue.predictor.observe(pending - queue.start, done - queue.start)
 
-    def _drop_auto_backstops(self) -> None:
+    def _drop_auto_watch(self) -> None:
         """The loop watches closely, and its sweeps see every queue: ``auto``'s waiter thread
         would only add wake-ups (and GIL hand-offs) now. ``thread`` queues keep theirs."""
-        if self._auto_backstops:
-            self._drop_backstop(next(iter(self._auto_backstops)))
+        if self._auto_watched:
+            self._drop_backstop(next(iter(self._auto_watched)))
 
     def _watch_auto(self, parked: list[_Queue]) -> None:
         """Park the heads of ``auto`` queues that nothing predicts (or whose prediction ran out)
@@ -684,14 +684,14 @@ class Watcher:
         wanted = [queue for queue in parked if queue.entries[0].signals][:AUTO_WATCH_MAX]
         if all(queue.backstop is not None and not queue.backstop.detected_at for queue in wanted):
             return
-        self._drop_auto_backstops()
+        self._drop_auto_watch()
         if not wanted:  # every waiter left: the next sweep drops them (their handles may be gone)
             return
         targets = tuple(queue.entries[0].target for queue in wanted)
         watch = _thread.pool().watch_any(targets, self._poke_threadsafe)
         for index, queue in enumerate(wanted):
             queue.backstop, queue.backstop_index = watch, index
-        self._auto_backstops.update(wanted)
+        self._auto_watched.update(wanted)
 
     def _start_backstop(self, queue: _Queue, spin_from: float | None) -> None:
         """A waiter thread of its own for a ``thread`` queue's head."""
@@ -717,10 +717,10 @@ class Watcher:
             if not backstop.detected_at:  # a job that ended has forgotten its subscribers already
                 _thread.pool().unsubscribe(backstop)
             queue.backstop = None
-            if queue in self._auto_backstops:
-                for member in self._auto_backstops:
+            if queue in self._auto_watched:
+                for member in self._auto_watched:
                     member.backstop = None
-                self._auto_backstops.clear()
+                self._auto_watched.clear()
 
     def _rekey(self, entry: _Entry, now: float) -> None:
         target = entry.target
