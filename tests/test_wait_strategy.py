@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from functools import partial
 from types import SimpleNamespace
 from typing import Any
@@ -15,7 +16,7 @@ import anyio
 import pytest
 
 import aiogpu
-from aiogpu.testing import Latch, SimulatedDriver
+from aiogpu.testing import Latch, SimulatedDriver, SimulatedWork
 from tests.helpers import in_waiter_thread, waiter_thread_queries
 
 
@@ -127,6 +128,22 @@ async def test_thread_strategy_blocks_in_the_driver_on_a_blocking_sync_event(
     assert times == []  # no polling beside it
 
 
+@contextlib.contextmanager
+def _held_work(
+    sim: SimulatedDriver, count: int, *, blocking_sync: bool = False
+) -> Iterator[tuple[list[SimulatedWork], list[aiogpu.Event]]]:
+    """Held work on ``count`` new streams and an event recorded behind each; all released after."""
+    streams = [aiogpu.Stream(sim.device(0)) for _ in range(count)]
+    works = [sim.launch(stream) for stream in streams]
+    try:
+        yield works, [stream.record(blocking_sync=blocking_sync) for stream in streams]
+    finally:
+        for work in works:
+            work.release()
+        for stream in streams:
+            stream.close()
+
+
 def test_a_watch_ends_at_the_first_of_its_events_done_and_says_which(
     sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -135,10 +152,7 @@ def test_a_watch_ends_at_the_first_of_its_events_done_and_says_which(
     pool = _thread.pool()
     _, polled = waiter_thread_queries(sim, monkeypatch, enough=6)  # each event asked twice
     notified = threading.Event()
-    streams = [aiogpu.Stream(sim.device(0)) for _ in range(3)]
-    works = [sim.launch(stream) for stream in streams]
-    events = [stream.record() for stream in streams]
-    try:
+    with _held_work(sim, 3) as (works, events):
         watch = pool.watch_any(tuple(events), notified.set)
         assert polled.wait(10)
         assert not notified.is_set()
@@ -152,12 +166,6 @@ def test_a_watch_ends_at_the_first_of_its_events_done_and_says_which(
         assert pool.wait_quiet(10)
         assert sim.statistics().live_events == live - 1  # ended: the closed event is gone
         assert not events[2].is_done
-    finally:
-        for work in works:
-            work.release()
-        for stream in streams:
-            stream.synchronize()
-            stream.close()
 
 
 def test_a_watch_nobody_waits_for_ends_before_its_work_does(sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -166,22 +174,46 @@ def test_a_watch_nobody_waits_for_ends_before_its_work_does(sim: SimulatedDriver
     pool = _thread.pool()
     _, polled = waiter_thread_queries(sim, monkeypatch, enough=2)
     notified = threading.Event()
-    streams = [aiogpu.Stream(sim.device(0)) for _ in range(2)]
-    works = [sim.launch(stream) for stream in streams]
-    events = [stream.record() for stream in streams]
-    try:
+    with _held_work(sim, 2) as (_, events):
         watch = pool.watch_any(tuple(events), notified.set)
         assert polled.wait(10)
         pool.unsubscribe(watch)
         assert pool.wait_quiet(10)  # its thread let go while the work is still held
         assert not notified.is_set()
         assert not any(event.is_done for event in events)
-    finally:
-        for work in works:
-            work.release()
-        for stream in streams:
-            stream.synchronize()
-            stream.close()
+
+
+def test_a_watch_of_several_polls_blocking_sync_events_and_can_let_them_go(
+    sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A loop drops its watch and starts another as its streams come and go: a thread blocked in
+    # the driver could not let go, and each new watch would block one thread more.
+    from aiogpu._wait import _thread
+
+    pool = _thread.pool()
+    _, polled = waiter_thread_queries(sim, monkeypatch, enough=4)
+    with _held_work(sim, 2, blocking_sync=True) as (_, events):
+        watch = pool.watch_any(tuple(events), lambda: None)
+        assert polled.wait(10)
+        pool.unsubscribe(watch)
+        assert pool.wait_quiet(10)  # let go while the work is still held
+        assert sim.statistics().blocking_synchronizations == 0
+
+
+def _note_watches(monkeypatch: pytest.MonkeyPatch) -> list[list[int]]:
+    """The events of each watch started from now on (their handles, sorted)."""
+    from aiogpu._wait import _thread
+
+    pool = _thread.pool()
+    watched: list[list[int]] = []
+    watch_any = pool.watch_any
+
+    def noted(targets: tuple[aiogpu.Event, ...], notify: Callable[[], None]) -> _thread.Subscriber:
+        watched.append(sorted(target.handle for target in targets))
+        return watch_any(targets, notify)
+
+    monkeypatch.setattr(pool, "watch_any", noted)
+    return watched
 
 
 @pytest.mark.anyio
@@ -190,27 +222,18 @@ async def test_auto_parks_unpredicted_waits_on_many_streams_on_one_waiter_thread
 ) -> None:
     # Work released on many streams at once completes on several at once: a waiter thread per
     # stream, each seeing its own completion, would fight the waking loop for the GIL.
-    from aiogpu._wait import _thread
+    from aiogpu._wait import _thread, _watcher
 
     pool = _thread.pool()
-    watched: list[list[int]] = []  # the events of each watch started
-    watch_any = pool.watch_any
+    watched = _note_watches(monkeypatch)
+    monkeypatch.setitem(_watcher.COLD_POLL, "auto", (3600.0, 3600.0))  # only the watch wakes the loop
+    with _held_work(sim, 5) as (works, events):
+        woken = [anyio.Event() for _ in events]
 
-    def noted(targets: tuple[aiogpu.Event, ...], notify: Callable[[], None]) -> _thread.Subscriber:
-        watched.append(sorted(target.handle for target in targets))
-        return watch_any(targets, notify)
+        async def waiter(index: int) -> None:
+            await events[index].wait(strategy="auto")
+            woken[index].set()
 
-    monkeypatch.setattr(pool, "watch_any", noted)
-    streams = [aiogpu.Stream(sim.device(0)) for _ in range(5)]
-    works = [sim.launch(stream) for stream in streams]
-    events = [stream.record() for stream in streams]
-    woken = [anyio.Event() for _ in events]
-
-    async def waiter(index: int) -> None:
-        await events[index].wait(strategy="auto")
-        woken[index].set()
-
-    try:
         with anyio.fail_after(10):
             async with anyio.create_task_group() as tg:
                 for index in range(len(events)):
@@ -225,11 +248,53 @@ async def test_auto_parks_unpredicted_waits_on_many_streams_on_one_waiter_thread
                     await woken[released].wait()
                     assert [index for index, event in enumerate(woken) if not event.is_set()] == pending
         assert pool.wait_quiet(10)
-    finally:
-        for work in works:
-            work.release()
-        for stream in streams:
-            stream.close()
+
+
+@pytest.mark.anyio
+async def test_a_held_blocking_sync_wait_keeps_one_waiter_thread_while_other_waits_come_and_go(
+    sim: SimulatedDriver,
+) -> None:
+    # ``Stream.wait_idle`` awaits a blocking-sync marker with ``auto``; each wait on another
+    # stream makes the loop drop its watch and start another, and a new thread blocked in the
+    # driver each time would keep it until the held work finished: one more thread per wait.
+    from aiogpu._wait import _thread
+
+    with _held_work(sim, 1, blocking_sync=True) as (works, events), aiogpu.Stream(sim.device(0)) as other:
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(partial(events[0].wait, strategy="auto"))
+                await anyio.wait_all_tasks_blocked()
+                for _ in range(10):
+                    work = sim.launch(other)
+                    event = other.record()
+                    async with anyio.create_task_group() as waits:
+                        waits.start_soon(partial(event.wait, strategy="auto"))
+                        await anyio.wait_all_tasks_blocked()
+                        work.release()
+                    await anyio.wait_all_tasks_blocked()
+                # Watched alone, the held wait blocks in the driver; watched again, it joins that.
+                assert sim.statistics().blocking_synchronizations == 1
+                works[0].release()
+        assert _thread.pool().wait_quiet(10)
+
+
+@pytest.mark.anyio
+async def test_auto_watches_the_streams_waited_on_first_up_to_its_cap(
+    sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aiogpu._wait import _watcher
+
+    monkeypatch.setattr(_watcher, "AUTO_WATCH_MAX", 2)
+    watched = _note_watches(monkeypatch)
+    with _held_work(sim, 4) as (works, events):
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                for event in events:
+                    tg.start_soon(partial(event.wait, strategy="auto"))
+                    await anyio.wait_all_tasks_blocked()
+                assert watched[-1] == sorted(event.handle for event in events[:2])
+                for work in works:  # the others are still seen, on the back-off schedule
+                    work.release()
 
 
 @pytest.mark.anyio

@@ -135,7 +135,14 @@ class _Pool:
 
     def watch_any(self, targets: tuple[WaitTarget, ...], notify: Callable[[], None]) -> Subscriber:
         """One thread queries ``targets`` in turn, with growing pauses, and ends at the first one
-        done (``done_index``); shared with nobody."""
+        done (``done_index``), or at its next round once unsubscribed; shared with nobody.
+
+        A watch of one event is that recording's job (``subscribe``): it may block in the
+        driver on a blocking-sync event, and a loop that drops its watch and starts another
+        of the same event joins it again rather than tying up one blocked thread more. A watch
+        of several only polls (a thread blocked in the driver could not let go)."""
+        if len(targets) == 1:
+            return self.subscribe(targets[0], notify)
         with self._lock:
             self._watches += 1
             job = self._queue_job(("watch", self._watches), targets, None)
@@ -144,8 +151,15 @@ class _Pool:
         return subscriber
 
     def _queue_job(self, key: tuple[object, int], targets: tuple[WaitTarget, ...], spin_from: float | None) -> _Job:
-        for target in targets:  # the subscribing waits hold them; released when the job ends
-            target._lifetime.retain()
+        retained: list[WaitTarget] = []
+        try:
+            for target in targets:  # the subscribing waits hold them; released when the job ends
+                target._lifetime.retain()
+                retained.append(target)
+        except BaseException:
+            for target in retained:
+                target._lifetime.release()
+            raise
         job = self._jobs[key] = _Job(key, targets, spin_from)
         self._queue.append(job)
         self._dispatch()

@@ -88,14 +88,15 @@ COLD_POLL = {"auto": (1e-3, 10e-3), "poll": (0.25e-3, 2e-3), "thread": (1e-3, 10
 COLD_POLL_JITTER = 0.2
 
 
-#: ``auto`` parks the unpredicted heads of at most this many streams on its one waiter thread
-#: (a round of queries costs ~1-3 µs each); the others are queried on the back-off schedule (the
-#: thread's wake-up makes the loop sweep them all). One thread, not one per stream: work
-#: released on many streams at once completed on several at once, and as many threads, each
-#: seeing its own completion, fought the waking loop for the GIL. A fan-out of 10,000 waits on
-#: 64 streams (H200, 2026-11-25, uvloop, 12 interleaved rounds) woke its first task 1.09 ms
-#: after the release with up to eight threads, 0.73 ms with this one.
-AUTO_WATCH_MAX = 64
+#: ``auto`` parks the unpredicted heads of at most this many streams on its one waiter thread;
+#: the others are queried on the back-off schedule (the thread's wake-up makes the loop sweep
+#: them all). A round of queries costs ~1-3 µs a stream, up to a round a millisecond while the
+#: work stays pending. One thread, not one per stream: work released on many streams at once
+#: completed on several at once, and as many threads, each seeing its own completion, fought
+#: the waking loop for the GIL. A fan-out of 10,000 waits on 64 streams (H200, 2026-11-25,
+#: uvloop, 12 interleaved rounds) woke its first task 1.09 ms after the release with up to
+#: eight threads, 0.73 ms with this one.
+AUTO_WATCH_MAX = 16
 #: Queues of streams with nothing pending kept for their next wait (a stream's queue holds its
 #: predictor and when its last work finished).
 KEEP_IDLE_QUEUES = 64
