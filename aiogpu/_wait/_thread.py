@@ -5,10 +5,11 @@ Invariants:
 - Only threads of this module (and the timer thread, which never calls the driver) run
   outside an event loop on aiogpu's behalf, and only they may block in a driver call.
 - One *job* per recording of an event (event object, record generation): every subscriber to
-  that recording, from any loop, shares it. A *watch* (``watch_any``) is a job of its own for
-  one subscriber: a thread queries several events in turn and ends at the first one done (a
-  loop's unpredicted ``auto`` waits, one per stream: one thread to wake when work is released on
-  many streams at once, not one per stream fighting the loop for the GIL).
+  that recording, from any loop, shares it. A *watch* (``watch_any``) of several events is a
+  job of its own for one subscriber: a thread queries them in turn and ends at the first one
+  done (a loop's unpredicted ``auto`` waits, one per stream: one thread to wake when work is
+  released on many streams at once, not one per stream fighting the loop for the GIL); a
+  watch of one event is that recording's job.
 - A job may first sleep until ``spin_from``, poke its loops once if it slept (``_rouse``) and
   watch the event closely for a while (the predicted completion is near). Otherwise, or if
   that watch runs out, it blocks in ``cuEventSynchronize`` if the event is
