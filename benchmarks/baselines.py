@@ -156,8 +156,11 @@ FANOUT_WAITERS = (
 )
 
 
-def fanout_tasks(name: str, targets: list[aiogpu.Event], per_stream: list[list[aiogpu.Event]]) -> Callable[[], Awaitable[None]]:
-    """Start the waiters for ``name`` now (parked before the release); return "await them all".
+def fanout_tasks(
+    name: str, targets: list[aiogpu.Event], per_stream: list[list[aiogpu.Event]]
+) -> tuple[Callable[[], Awaitable[None]], list[asyncio.Task[None]]]:
+    """Start the waiters for ``name`` now (parked before the release); return "await them all"
+    and the tasks (the loop holds tasks only weakly: keep them until the clock has stopped).
 
     The GPU floor has no waiting tasks at all. The task floor is the least a loop can do for
     as many waiting tasks: one spinning synchronize per stream, then resolving a plain future
@@ -171,7 +174,7 @@ def fanout_tasks(name: str, targets: list[aiogpu.Event], per_stream: list[list[a
             events[-1].synchronize()
 
     if name == FANOUT_GPU_FLOOR:
-        return synchronize_last
+        return synchronize_last, []
     loop = asyncio.get_running_loop()
     countdown = _Countdown(loop, len(targets))
     if name == FANOUT_TASK_FLOOR:
@@ -190,9 +193,8 @@ def fanout_tasks(name: str, targets: list[aiogpu.Event], per_stream: list[list[a
             for future in futures:
                 future.set_result(None)
         await countdown.done
-        del tasks[:]  # held until now: the loop keeps only weak references to tasks
 
-    return wait_all
+    return wait_all, tasks
 
 
 class _Countdown:
