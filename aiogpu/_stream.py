@@ -17,7 +17,7 @@ from contextlib import nullcontext
 from typing import TYPE_CHECKING, final
 
 from ._device import Device, check_int
-from ._driver import DEFAULT_STREAM_HANDLES, PER_THREAD_STREAM, STREAM_NON_BLOCKING, default_driver
+from ._driver import DEFAULT_STREAM_HANDLES, EVENT_INTERPROCESS, PER_THREAD_STREAM, STREAM_NON_BLOCKING, default_driver
 from ._event import Event, _check_flag
 from ._foreign import check_address
 from ._lifetime import HandleLifetime
@@ -32,6 +32,10 @@ if TYPE_CHECKING:
 
 
 _thread_serials = itertools.count()
+#: Held from the driver's record call until its sequence number is taken: two threads recording
+#: on one stream must get sequence numbers in the order the stream got their recordings (the
+#: wake engine completes a stream's waits in sequence order, and infers "done" from later ones).
+_recording = threading.Lock()
 
 
 class _ThreadSerial(threading.local):
@@ -269,12 +273,16 @@ class Stream:
                 f"cannot record an event of device {event._device.ordinal} on a stream of device "
                 f"{self._device.ordinal}: CUDA records events on streams of their own device"
             )
-        with self._context():
-            self._driver.event_record(event._handle, self._handle)
         key: object = self._wait_key
         if self._handle == PER_THREAD_STREAM:  # each thread's own stream: they complete in no common order
             key = (*self._wait_key[:2], "thread", _this_thread.value)
-        event._mark_recorded(key)
+        if event._owner is not None or event._flags & EVENT_INTERPROCESS:
+            # Its owner, or another process, may re-record it behind our back: then it says nothing
+            # about this stream's other work (nor they about it). A queue of its own.
+            key = ("event", id(event))
+        with _recording, self._context():
+            self._driver.event_record(event._handle, self._handle)
+            event._mark_recorded(key)
 
     def wait_for(self, other: Event | Stream | Device) -> None:
         """Make work enqueued on this stream from now on wait, on the device, for ``other``.

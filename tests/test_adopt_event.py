@@ -126,3 +126,46 @@ def test_bad_input_is_refused_clearly(sim: SimulatedDriver) -> None:
     on_device_1 = foreign("torch.cuda.streams", cuda_event=1234, device=type("device", (), {"index": 1})())
     with pytest.raises(ValueError, match="belongs to device 1, not device 0"):
         aiogpu.Event.adopt(on_device_1, device=device)
+
+
+@pytest.mark.anyio
+async def test_an_adopted_event_re_recorded_by_its_owner_wakes_no_other_wait(
+    sim: SimulatedDriver, strategy: aiogpu.WaitStrategy
+) -> None:
+    # Recorded through aiogpu on a stream, then by its owner on an idle one: done at once, it
+    # must not pass for proof that the first stream's earlier work is done.
+    device = sim.device(0)
+    owned = aiogpu.Event(device)
+    adopted = aiogpu.Event.adopt(owned.handle, device=device)
+    with aiogpu.Stream(device) as stream, aiogpu.Stream(device) as idle, Latch(device) as first, Latch(device) as second:
+        first.block(stream)
+        before = [stream.record(), stream.record()]
+        second.block(stream)
+        held = stream.record()
+        adopted.record(stream)
+        woken: list[aiogpu.Event] = []
+        three_woken = anyio.Event()
+
+        async def waiter(event: aiogpu.Event) -> None:
+            await event.wait(strategy=strategy)
+            woken.append(event)
+            if len(woken) == 3:
+                three_woken.set()
+
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                for event in [*before, held, adopted]:
+                    tg.start_soon(waiter, event)
+                await anyio.wait_all_tasks_blocked()
+                sim.event_record(owned.handle, idle.handle)  # the owner re-records it
+                first.release()
+                await three_woken.wait()  # the earlier work's waits and the adopted event's
+                await anyio.wait_all_tasks_blocked()
+                assert held not in woken
+                assert not held.is_done
+                second.release()
+        assert woken[-1] is held
+    for event in [*before, held]:
+        event.close()
+    adopted.close()
+    owned.close()

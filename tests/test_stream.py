@@ -374,3 +374,38 @@ def test_streams_aiogpu_creates_are_never_mistaken_for_earlier_ones(sim: Simulat
     assert borrowed[0]._wait_key == borrowed[1]._wait_key != first._wait_key
     for stream in (*borrowed, again, first):
         stream.close()
+
+
+def test_recordings_from_two_threads_are_numbered_in_the_order_the_stream_got_them(
+    sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The wake engine completes a stream's waits in this order and infers "done" from later
+    # ones: a thread switched out between the driver's record and the numbering must not let
+    # another thread's later recording take a smaller number.
+    device = sim.device(0)
+    in_driver_order: list[int] = []
+    record = sim.event_record
+
+    def record_then_switch(event: int, stream: int) -> None:
+        record(event, stream)
+        in_driver_order.append(event)
+        time.sleep(0)  # lets the other thread run, as a GIL hand-off after the call would
+
+    monkeypatch.setattr(sim, "event_record", record_then_switch)
+    with aiogpu.Stream(device) as stream:
+        events = [[aiogpu.Event(device) for _ in range(300)] for _ in range(2)]
+
+        def record_all(mine: list[aiogpu.Event]) -> None:
+            for event in mine:
+                stream.record(event)
+
+        threads = [threading.Thread(target=record_all, args=(mine,)) for mine in events]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        numbered = sorted((event for mine in events for event in mine), key=lambda event: event._record_sequence)
+        assert [event.handle for event in numbered] == in_driver_order
+        for mine in events:
+            for event in mine:
+                event.close()
