@@ -36,7 +36,7 @@ class Signal(Protocol):
 class Backend(Protocol):
     def waker(self, callback: Callable[[], object]) -> None: ...
     def new_signal(self) -> Signal: ...
-    def spawn_system_task(self, function: Callable[[], Awaitable[None]]) -> None: ...
+    def spawn_system_task(self, function: Callable[[], Awaitable[None]], ended: Callable[[object], None]) -> object: ...
     def yield_now(self) -> Awaitable[None]: ...
     async def wait_signal(self, signal: Signal, timeout: float) -> None: ...
 
@@ -61,10 +61,14 @@ class AsyncioBackend:
     def new_signal(self) -> Signal:
         return self._loop.create_future()
 
-    def spawn_system_task(self, function: Callable[[], Awaitable[None]]) -> None:
+    def spawn_system_task(self, function: Callable[[], Awaitable[None]], ended: Callable[[object], None]) -> object:
+        """Returns the task; ``ended(task)`` is called once it is done, however it ended (a task
+        cancelled before its first step never ran ``function``, nor its ``finally``)."""
         task: asyncio.Task[None] = self._loop.create_task(function())  # type: ignore[arg-type]
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(ended)
+        return task
 
     def yield_now(self) -> Awaitable[None]:
         return _yield_to_asyncio()
@@ -97,8 +101,10 @@ class TrioBackend:
     def new_signal(self) -> Signal:
         return _TrioSignal(self._trio.Event())
 
-    def spawn_system_task(self, function: Callable[[], Awaitable[None]]) -> None:
-        self._trio.lowlevel.spawn_system_task(function)
+    def spawn_system_task(self, function: Callable[[], Awaitable[None]], ended: Callable[[object], None]) -> object:
+        """Returns the task. Never calls ``ended``: trio starts every task it cancels, so
+        ``function``'s ``finally`` always runs."""
+        return self._trio.lowlevel.spawn_system_task(function)
 
     def yield_now(self) -> Awaitable[None]:
         return self._trio.lowlevel.checkpoint()  # type: ignore[no-any-return]

@@ -78,3 +78,32 @@ async def test_a_wait_cancelled_as_its_work_completes_wakes_the_others(
         with pytest.raises(asyncio.CancelledError):
             await cancelled
         assert aiogpu.pending_waits() == []
+
+
+@pytest.mark.asyncio
+async def test_a_watcher_whose_system_task_is_cancelled_before_it_ran_serves_later_waits(
+    device: aiogpu.Device, strategy: aiogpu.WaitStrategy
+) -> None:
+    # The driving task is cancelled and hands the watcher over to a system task; a "cancel
+    # every other task" (a shutdown routine, a test's teardown) reaches that task before its
+    # first step, so it never runs: the loop's later waits must still be watched.
+    with aiogpu.Stream(device) as stream, Latch(device) as latch:
+        event = await _held_event(device, stream, latch)
+        driving = asyncio.create_task(event.wait(strategy=strategy))
+        other = asyncio.create_task(event.wait(strategy=strategy))
+        await asyncio.sleep(0)
+        driving.cancel()
+        await asyncio.sleep(0)  # the driving task left: the system task is created, not started
+        me = asyncio.current_task()
+        for task in asyncio.all_tasks():
+            if task is not me:
+                task.cancel()
+        await asyncio.gather(driving, other, return_exceptions=True)
+        latch.release()
+        with aiogpu.Stream(device) as later_stream, Latch(device) as later_latch:
+            later = await _held_event(device, later_stream, later_latch)
+            waiting = asyncio.create_task(later.wait(strategy=strategy))
+            await asyncio.sleep(0)
+            later_latch.release()
+            await asyncio.wait_for(waiting, 10)
+            assert later.is_done

@@ -244,6 +244,7 @@ class Watcher:
         self._queues: dict[object, _Queue] = {}  # streams with pending waits
         self._idle_queues: dict[object, _Queue] = {}  # streams waited on lately, oldest first
         self._running = False
+        self._system_task: object = None  # the system task driving the watcher, until it stops it
         self._park_signal: Signal | None = None
         self._listening = False  # to the doorbell
         self._lateness: deque[float] = deque(maxlen=LATENESS_WINDOW)  # of precise wake-ups (s)
@@ -384,8 +385,16 @@ class Watcher:
     def _hand_over(self) -> None:
         """A waiting task stops driving: the system task takes over what is left."""
         if self._queues:
-            self._backend.spawn_system_task(self._run)
+            self._system_task = self._backend.spawn_system_task(self._run, self._system_task_ended)
         else:
+            self._stop()
+
+    def _system_task_ended(self, task: object) -> None:
+        """``_run`` stops the watcher however it ends, unless it never ran: cancelled before its
+        first step (a "cancel every other task" at shutdown, between the hand-over and that step).
+        Do what it would have done then, or every later wait on this loop would hang."""
+        if task is self._system_task:
+            self._fail_all(RuntimeError("the event loop is shutting down"))
             self._stop()
 
     async def _run(self) -> None:
@@ -400,6 +409,7 @@ class Watcher:
 
     def _stop(self) -> None:
         self._running = False
+        self._system_task = None
         for queue in self._queues.values():
             self._drop_backstop(queue)
         if self._listening:
