@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import types
+import weakref
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -49,22 +50,31 @@ def set_signal(signal: Signal) -> None:
 
 class AsyncioBackend:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+        # Weakly: the loop's watcher is kept in a dictionary keyed weakly by the loop, and a
+        # strong reference from it would keep every loop that ever awaited an event alive.
+        self._loop = weakref.ref(loop)
         self._tasks: set[asyncio.Task[None]] = set()  # strong references to system tasks
 
     def waker(self, callback: Callable[[], object]) -> None:
         try:
-            self._loop.call_soon_threadsafe(callback)
+            loop = self._loop()
+            if loop is not None:
+                loop.call_soon_threadsafe(callback)
         except RuntimeError:  # the loop was closed
             pass
 
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        loop = self._loop()
+        assert loop is not None, "used from its loop only, which is alive then"
+        return loop
+
     def new_signal(self) -> Signal:
-        return self._loop.create_future()
+        return self._loop().create_future()  # type: ignore[union-attr]  # (on every wait: no call more)
 
     def spawn_system_task(self, function: Callable[[], Awaitable[None]], ended: Callable[[object], None]) -> object:
         """Returns the task; ``ended(task)`` is called once it is done, however it ended (a task
         cancelled before its first step never ran ``function``, nor its ``finally``)."""
-        task: asyncio.Task[None] = self._loop.create_task(function())  # type: ignore[arg-type]
+        task: asyncio.Task[None] = self._running_loop().create_task(function())  # type: ignore[arg-type]
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         task.add_done_callback(ended)
@@ -74,7 +84,7 @@ class AsyncioBackend:
         return _yield_to_asyncio()
 
     async def wait_signal(self, signal: Signal, timeout: float) -> None:
-        handle = self._loop.call_later(timeout, set_signal, signal)
+        handle = self._running_loop().call_later(timeout, set_signal, signal)
         try:
             await signal
         finally:

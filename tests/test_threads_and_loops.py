@@ -144,3 +144,27 @@ def test_aiogpu_leaves_another_current_context_alone(device: aiogpu.Device, stra
     assert not thread.is_alive(), "the thread hung"
     assert not failures, failures
     assert checked == ["Stream()", "record()", "is_done", "wait_for()", "await", "close()"]
+
+
+def test_a_loop_that_awaited_events_is_not_kept_alive_after_it_closed(sim: Any) -> None:
+    import asyncio
+    import gc
+    import weakref
+
+    loops: list[weakref.ref[asyncio.AbstractEventLoop]] = []
+
+    async def await_one() -> None:
+        loops.append(weakref.ref(asyncio.get_running_loop()))
+        with aiogpu.Stream(sim.device(0)) as stream, Latch(sim.device(0)) as latch:
+            latch.block(stream)
+            event = stream.record()
+            waiting = asyncio.get_running_loop().create_task(event.wait())
+            await asyncio.sleep(0)
+            latch.release()
+            await waiting
+            event.close()
+
+    for _ in range(3):
+        asyncio.run(await_one())
+    gc.collect()
+    assert [loop() for loop in loops] == [None, None, None]

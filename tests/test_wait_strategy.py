@@ -1037,3 +1037,65 @@ async def test_a_thread_wait_that_starts_watching_at_once_does_not_rouse_its_loo
 
     # predicted to finish within the thread's lead: it watches closely at once, with no sleep
     assert await _thread_wait_pokes(sim, monkeypatch, estimate=_watcher.LEAD["thread"] / 2) == 0
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", ["auto", "poll", "thread"])
+async def test_short_work_after_long_work_on_a_stream_is_not_woken_at_the_long_prediction(
+    sim: SimulatedDriver, mode: aiogpu.WaitStrategy
+) -> None:
+    # One long piece of work teaches the stream's predictor a long duration; the short work
+    # after it must still be seen done soon (queried on the back-off schedule meanwhile).
+    long = 0.6
+    with aiogpu.Stream(sim.device(0)) as stream:
+        sim.launch(stream, long)
+        with anyio.fail_after(10):
+            await stream.record().wait(strategy=mode)
+        for _ in range(2):
+            sim.launch(stream, 2e-3)
+            event = stream.record()
+            started = time.perf_counter()
+            with anyio.fail_after(10):
+                await event.wait(strategy=mode)
+            assert time.perf_counter() - started < long / 3
+            event.close()
+
+
+@pytest.mark.anyio
+async def test_a_cancelled_thread_wait_sleeping_toward_a_long_prediction_frees_its_thread_soon(sim: SimulatedDriver) -> None:
+    from aiogpu._wait import _thread
+
+    with aiogpu.Stream(sim.device(0)) as stream:
+        sim.launch(stream, 0.6)
+        with anyio.fail_after(10):
+            await stream.record().wait(strategy="thread")  # the stream's prediction is now ~0.6 s
+        with Latch(sim.device(0)) as latch:
+            latch.block(stream)
+            event = stream.record()
+            with anyio.move_on_after(0.01):
+                await event.wait(strategy="thread")
+            event.close()  # destroyed once the abandoned job lets go of it
+            live = sim.statistics().live_events
+            started = time.perf_counter()
+            assert await anyio.to_thread.run_sync(_thread.pool().wait_quiet, 10.0)
+            assert time.perf_counter() - started < 0.2  # at its next query, not at the ~0.6 s prediction
+            assert sim.statistics().live_events == live - 1
+
+
+def test_a_waiter_thread_that_finds_only_abandoned_jobs_lets_go_of_their_events_before_idling(sim: SimulatedDriver) -> None:
+    from aiogpu._wait import _thread
+
+    pool = _thread._Pool(max_threads=1, hard_max_threads=1, idle_seconds=30.0)
+    with aiogpu.Stream(sim.device(0)) as stream, Latch(sim.device(0)) as latch:
+        latch.block(stream)
+        event = stream.record()
+        live = sim.statistics().live_events
+        event._lifetime.acquire()  # what a wait's entry holds
+        pool.unsubscribe(pool.subscribe(event, lambda: None))  # left before a thread took the job
+        event._lifetime.release()
+        event.close()  # destroyed once the job lets go of it
+        deadline = time.perf_counter() + 5
+        while sim.statistics().live_events == live and time.perf_counter() < deadline:
+            time.sleep(0.001)
+        assert sim.statistics().live_events == live - 1  # not after the thread's 30 s idle
+        pool.stop_idle_threads()

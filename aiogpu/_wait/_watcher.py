@@ -210,6 +210,8 @@ class _Queue:
         "backoff",
         "backstop",
         "backstop_index",
+        "early_backoff",
+        "early_poll",
         "entries",
         "key",
         "last_query",
@@ -233,7 +235,7 @@ class _Queue:
         self.backstop: _thread.Subscriber | None = None
         self.backstop_index = 0  # the head's position among the events its waiter thread queries
         self.start = self.watch_from = self.watch_until = self.momentum_until = self.next_poll = self.last_query = 0.0
-        self.backoff = 0.0
+        self.backoff = self.early_backoff = self.early_poll = 0.0
         self.unlearned: tuple[float, float] | None = None  # (pending, done) not yet told the predictor
 
 
@@ -597,8 +599,16 @@ class Watcher:
         for queue in queues:
             mode = queue.entries[0].mode
             if mode not in _OFF_LOOP and now < queue.watch_from:
-                if queue.watch_from < wake_at:
-                    wake_at, precise = queue.watch_from, mode == "auto"
+                # Asked on the back-off schedule meanwhile: a prediction can be far too long (one
+                # long piece of work on the stream, then short ones: seconds late otherwise).
+                if now >= queue.early_poll:  # it was just queried by the sweep: back off
+                    queue.early_poll = now + queue.early_backoff * random.uniform(1 - COLD_POLL_JITTER, 1 + COLD_POLL_JITTER)
+                    queue.early_backoff = min(2 * queue.early_backoff, COLD_POLL[mode][1])
+                look_at, look_precisely = (
+                    (queue.early_poll, False) if queue.early_poll < queue.watch_from else (queue.watch_from, mode == "auto")
+                )
+                if look_at < wake_at:
+                    wake_at, precise = look_at, look_precisely
                 continue
             if mode == "auto":
                 parked_auto.append(queue)
@@ -652,7 +662,8 @@ class Watcher:
         mode = head.mode
         queue.start = max(head.recorded_at, queue.previous_done)
         queue.last_query = 0.0
-        queue.backoff = COLD_POLL[mode][0]
+        queue.backoff = queue.early_backoff = COLD_POLL[mode][0]
+        queue.early_poll = now + queue.early_backoff
         estimate = queue.predictor.estimate
         if estimate is None:
             queue.watch_from, queue.watch_until = now, now + WATCH_UNPREDICTED[mode]
