@@ -23,7 +23,9 @@ for each way of waiting:
 each workload in ``LATENCY_ROUNDS`` rounds, every way of waiting (and the idle probe) once per
 round, so that the machine's drift reaches all of them alike;
 
-and fan-out: 1,000 and 10,000 concurrent waiters over 1, 8 and 64 streams, work queued behind a
+and fan-out: 1,000 and 10,000 concurrent waiters over 1, 8 and 64 streams (an event after each
+kernel, shared by several waiters where there are more waiters than kernels), and 10,000 on 64
+streams each awaiting an event of its own, work queued behind a
 latch and then released, ``FANOUT_REPEATS`` times each (medians, and the best run): wall time against two floors — the GPU floor (synchronizing the last
 event of each stream, no waiting task at all) and the task floor (the same, then resolving a
 plain future that each of the N waiting tasks awaits: the least a loop can do to wake them) —
@@ -46,6 +48,7 @@ import asyncio
 import contextlib
 import datetime
 import gc
+import itertools
 import json
 import math
 import os
@@ -70,12 +73,19 @@ if TYPE_CHECKING:
 WORKLOADS = (20e-6, 200e-6, 5e-3)
 FANOUT_WAITERS = (1_000, 10_000)
 FANOUT_STREAMS = (1, 8, 64)
-# Each event is a kernel + a record. Too many operations queued behind a held stream make the
-# launch call itself block the host until the latch opens (which it never would): seen on an
-# H200 with ~20,000 operations over 64 streams, fine with 6,400. Stay under 400 per stream and
-# 3,000 events in all.
+# Too many operations queued behind a held stream make the launch call itself block the host
+# until the latch opens (which it never would): seen on an H200 with ~20,000 operations over 64
+# streams, fine with 6,400; an H100 blocked after about 2,000 kernels and records on one stream
+# and 16,200 over 8 or 64 (docs/guide.rst, "Why not memory flags"). At most 400 kernels per
+# stream and 3,000 in all, each followed by one event (waiters share events), and where every
+# waiter has an event of its own at most 1,000 operations per stream (13,000 in all for 10,000
+# waiters on 64 streams).
 EVENTS_PER_STREAM_MAX = 400
 EVENTS_MAX = 3_000
+OPERATIONS_PER_STREAM_MAX = 1_000
+#: (waiters, streams) where every waiter also gets an event of its own (within the limit above):
+#: an inference server's requests each await their own recording.
+FANOUT_OWN_EVENTS = ((10_000, 64),)
 FANOUT_KERNEL = 20e-6
 #: Each fan-out case runs this many times, the waiters interleaved; the tables give medians (a
 #: single 10,000-task case varies by ±30 % from run to run on a VM, and on the H200 hosts of
@@ -115,6 +125,7 @@ class FanoutRow:
     waiters: int
     streams: int
     events: int
+    own_events: bool  # each waiter awaits an event of its own (else waiters share events)
     wall_ms: float
     wall_ratio_to_floor: float
     wall_ratio_to_task_floor: float
@@ -287,7 +298,8 @@ async def latency_cases(device: aiogpu.Device, quick: bool, probe: InputProbe) -
     rounds = 2 if quick else LATENCY_ROUNDS
     lag_seconds = (0.2 if quick else LAG_SECONDS) / rounds
     for work in WORKLOADS:
-        waits = (30 if quick else 100) if work >= 1e-3 else (100 if quick else 400)
+        # 400 waits each, so that a p99 is not one outlier: at 5 ms of work, ~30 s a run in all.
+        waits = (30 if work >= 1e-3 else 100) if quick else 400
         per_round = -(-waits // rounds)
         with contextlib.ExitStack() as resources:
             cases = []
@@ -347,23 +359,37 @@ async def latency_cases(device: aiogpu.Device, quick: bool, probe: InputProbe) -
     return rows, idle
 
 
-async def fanout_case(device: aiogpu.Device, name: str, waiters: int, nstreams: int) -> tuple[float, float, float, int]:
+async def fanout_case(
+    device: aiogpu.Device, name: str, waiters: int, nstreams: int, own_events: bool
+) -> tuple[float, float, float, int]:
     """Wall seconds and CPU seconds from releasing the latch until every waiter woke; seconds
-    to free the finished tasks after that."""
+    to free the finished tasks after that; the number of events.
+
+    The GPU work is the same either way: ``kernels`` spin kernels per stream. With shared
+    events each kernel is followed by one event that several waiters await; with
+    ``own_events`` each waiter awaits an event of its own, recorded after the kernels in turn
+    (a few events after each kernel)."""
     streams = [aiogpu.Stream(device, nonblocking=True) for _ in range(nstreams)]
-    per_stream = min(EVENTS_PER_STREAM_MAX, EVENTS_MAX // nstreams, -(-waiters // nstreams))
+    kernels = min(EVENTS_PER_STREAM_MAX, EVENTS_MAX // nstreams, -(-waiters // nstreams))
+    per_stream = -(-waiters // nstreams) if own_events else kernels
+    assert kernels + per_stream <= OPERATIONS_PER_STREAM_MAX, "the launch call would block behind the latch"
     try:
         with Latch(device) as latch:
             events: list[list[aiogpu.Event]] = []
             for stream in streams:
                 latch.block(stream)
-                stream_events = []
-                for _ in range(per_stream):
+                stream_events: list[aiogpu.Event] = []
+                for kernel in range(kernels):
                     launch_spin(stream, FANOUT_KERNEL)
-                    stream_events.append(stream.record())
+                    while len(stream_events) < (kernel + 1) * per_stream // kernels:
+                        stream_events.append(stream.record())
                 events.append(stream_events)
-            flat = [event for stream_events in events for event in stream_events]
-            targets = [flat[i % len(flat)] for i in range(waiters)]
+            if own_events:  # round robin over the streams: waiter i awaits event i
+                flat = [event for row in itertools.zip_longest(*events) for event in row if event is not None]
+                targets = flat[:waiters]
+            else:
+                flat = [event for stream_events in events for event in stream_events]
+                targets = [flat[i % len(flat)] for i in range(waiters)]
             wait_all, tasks = baselines.fanout_tasks(name, targets, events)
             await asyncio.sleep(0)  # every waiter is parked before the release
             await asyncio.sleep(0)
@@ -395,52 +421,54 @@ async def fanout_case(device: aiogpu.Device, name: str, waiters: int, nstreams: 
 
 async def fanout_cases(device: aiogpu.Device, quick: bool, loop: str) -> list[FanoutRow]:
     rows = []
-    for waiters in FANOUT_WAITERS:
-        for nstreams in FANOUT_STREAMS:
-            names = [name for name in baselines.FANOUT_WAITERS if not (quick and name == "aiogpu thread" and waiters > 1000)]
-            runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in names}
-            events = 0
-            for repeat in range(1 if quick else FANOUT_REPEATS):  # interleaved: drift hits every waiter alike
-                for name in names:
-                    wall, cpu, freeing, events = await fanout_case(device, name, waiters, nstreams)
-                    runs[name].append((wall, cpu, freeing))
-                    print(
-                        f"fan-out {loop:7} {waiters:6} waiters {nstreams:3} streams ({events:5} events)  {name:40}"
-                        f" wall {wall * 1e3:8.2f} ms  cpu/wait {cpu / waiters * 1e6:6.2f} us"
-                        f"  then freeing the tasks {freeing * 1e3:5.2f} ms  (run {repeat + 1})",
-                        flush=True,
-                    )
-            measured = [
-                (
-                    name,
-                    statistics.median(wall for wall, _, _ in runs[name]),
-                    statistics.median(cpu for _, cpu, _ in runs[name]),
-                    min(wall for wall, _, _ in runs[name]),
-                    statistics.median(freeing for _, _, freeing in runs[name]),
+    cases = [(waiters, nstreams, False) for waiters in FANOUT_WAITERS for nstreams in FANOUT_STREAMS]
+    cases += [(waiters, nstreams, True) for waiters, nstreams in FANOUT_OWN_EVENTS]
+    for waiters, nstreams, own_events in cases:
+        names = [name for name in baselines.FANOUT_WAITERS if not (quick and name == "aiogpu thread" and waiters > 1000)]
+        runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in names}
+        events = 0
+        for repeat in range(1 if quick else FANOUT_REPEATS):  # interleaved: drift hits every waiter alike
+            for name in names:
+                wall, cpu, freeing, events = await fanout_case(device, name, waiters, nstreams, own_events)
+                runs[name].append((wall, cpu, freeing))
+                print(
+                    f"fan-out {loop:7} {waiters:6} waiters {nstreams:3} streams ({events:5} events)  {name:40}"
+                    f" wall {wall * 1e3:8.2f} ms  cpu/wait {cpu / waiters * 1e6:6.2f} us"
+                    f"  then freeing the tasks {freeing * 1e3:5.2f} ms  (run {repeat + 1})",
+                    flush=True,
                 )
-                for name in names
-            ]
-            floors = {name: (wall, cpu, best) for name, wall, cpu, best, _ in measured}
-            gpu_floor, _, gpu_floor_best = floors[baselines.FANOUT_GPU_FLOOR]
-            task_floor, task_floor_cpu, _ = floors[baselines.FANOUT_TASK_FLOOR]
-            rows += [
-                FanoutRow(
-                    loop,
-                    name,
-                    waiters,
-                    nstreams,
-                    events,
-                    wall * 1e3,
-                    wall / gpu_floor,
-                    wall / task_floor,
-                    cpu / waiters * 1e6,
-                    (cpu - task_floor_cpu) / waiters * 1e6,
-                    best * 1e3,
-                    best / gpu_floor_best,
-                    freeing * 1e3,
-                )
-                for name, wall, cpu, best, freeing in measured
-            ]
+        measured = [
+            (
+                name,
+                statistics.median(wall for wall, _, _ in runs[name]),
+                statistics.median(cpu for _, cpu, _ in runs[name]),
+                min(wall for wall, _, _ in runs[name]),
+                statistics.median(freeing for _, _, freeing in runs[name]),
+            )
+            for name in names
+        ]
+        floors = {name: (wall, cpu, best) for name, wall, cpu, best, _ in measured}
+        gpu_floor, _, gpu_floor_best = floors[baselines.FANOUT_GPU_FLOOR]
+        task_floor, task_floor_cpu, _ = floors[baselines.FANOUT_TASK_FLOOR]
+        rows += [
+            FanoutRow(
+                loop,
+                name,
+                waiters,
+                nstreams,
+                events,
+                own_events,
+                wall * 1e3,
+                wall / gpu_floor,
+                wall / task_floor,
+                cpu / waiters * 1e6,
+                (cpu - task_floor_cpu) / waiters * 1e6,
+                best * 1e3,
+                best / gpu_floor_best,
+                freeing * 1e3,
+            )
+            for name, wall, cpu, best, freeing in measured
+        ]
     return rows
 
 

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,16 +39,41 @@ def test_the_wake_benchmark_runs_on_the_simulated_device_and_labels_it(tmp_path:
     assert [row["work_us"] for row in result["idle_lag"]] == [20.0, 200.0, 5000.0]
     assert all(0 <= row["lag_p99_ms"] <= row["lag_max_ms"] for row in result["idle_lag"])
     assert "The same probe on an idle loop" in (tmp_path / "wake.md").read_text()
+    baselines = {row["strategy"] for row in result["latency"]} - strategies
+    assert {"floor: sync spin on the loop", "query + sleep(0)", "query + sleep(1 ms)"} <= baselines
+    assert any(name.startswith("to_thread(") for name in baselines)
+    floor = {row["work_us"]: row["cpu_us_per_wait"] for row in result["latency"] if row["strategy"].startswith("floor")}
+    for row in result["latency"]:  # every figure the goals use is there and consistent
+        assert row["p50_us"] <= row["p99_us"]
+        assert row["overhead_p50_us"] == pytest.approx(row["p50_us"] - floor_p50(result, row["work_us"]))
+        assert row["cpu_fraction_of_floor"] == pytest.approx(row["cpu_us_per_wait"] / floor[row["work_us"]])
+        assert 0 <= row["timer_lag_p99_ms"] <= row["timer_lag_max_ms"]
+    assert run.stdout.count("latency ") >= len(result["latency"])  # a progress line per case
     loops = {row["loop"] for row in result["fanout"]}
     assert "asyncio" in loops
-    fanout = {(row["loop"], row["waiters"], row["streams"], row["strategy"]) for row in result["fanout"]}
-    assert ("asyncio", 10_000, 64, "aiogpu auto") in fanout
+    fanout = {(row["loop"], row["waiters"], row["streams"], row["own_events"], row["strategy"]) for row in result["fanout"]}
+    for waiters in (1_000, 10_000):
+        for streams in (1, 8, 64):
+            assert ("asyncio", waiters, streams, False, "aiogpu auto") in fanout
+    assert ("asyncio", 10_000, 64, True, "aiogpu auto") in fanout
+    for row in result["fanout"]:  # 10,000 waiters on 64 streams share 2,944 events, or have one each
+        if (row["waiters"], row["streams"]) == (10_000, 64):
+            assert (row["events"] >= 10_000) if row["own_events"] else (row["events"] < 3_000)
     assert all(row["wall_ms"] > 0 and row["cpu_us_per_wait"] > 0 for row in result["fanout"])
     assert all(0 < row["wall_ms_best"] <= row["wall_ms"] for row in result["fanout"])  # the best run and the median
     # The clock stops at the last wake-up; the finished tasks are still held then and freed
     # after it, timed apart: 10,000 of them take far longer than the GPU floor's none.
-    freeing = {(row["loop"], row["waiters"], row["streams"], row["strategy"]): row["freeing_ms"] for row in result["fanout"]}
-    for (loop, waiters, streams, strategy), ms in freeing.items():
+    freeing = {
+        (row["loop"], row["waiters"], row["streams"], row["own_events"], row["strategy"]): row["freeing_ms"]
+        for row in result["fanout"]
+    }
+    for (loop, waiters, streams, own, strategy), ms in freeing.items():
         if waiters == 10_000 and strategy == "aiogpu auto":
-            assert ms > 10 * freeing[loop, waiters, streams, "floor: sync last event per stream"] > 0
+            assert ms > 10 * freeing[loop, waiters, streams, own, "floor: sync last event per stream"] > 0
     assert run.stdout.count("fan-out") >= len(result["fanout"])  # a progress line per case
+    assert (tmp_path / "wake.png").read_bytes().startswith(b"\x89PNG"), run.stdout[-500:]  # the chart
+
+
+def floor_p50(result: dict[str, Any], work_us: float) -> float:
+    (floor,) = (row for row in result["latency"] if row["work_us"] == work_us and row["strategy"].startswith("floor"))
+    return float(floor["p50_us"])
