@@ -136,6 +136,11 @@ WARM_BEAT = 0.4e-3
 SWEEP_WAKE_BUDGET = 256
 
 
+def _back_off(now: float, backoff: float, mode: WaitStrategy) -> tuple[float, float]:
+    """The next back-off query (``backoff`` from now, jittered) and the pause after it."""
+    return now + backoff * random.uniform(1 - COLD_POLL_JITTER, 1 + COLD_POLL_JITTER), min(2 * backoff, COLD_POLL[mode][1])
+
+
 def _warm_beat(now: float, wake_at: float) -> float:
     """When a precise park should wake the loop: ``WARM_SPAN`` before ``wake_at`` after a long
     sleep, then every ``WARM_BEAT`` until ``wake_at`` (the last beat up to half a beat longer,
@@ -606,8 +611,7 @@ class Watcher:
                 # Asked on the back-off schedule meanwhile: a prediction can be far too long (one
                 # long piece of work on the stream, then short ones: seconds late otherwise).
                 if now >= queue.early_poll:  # it was just queried by the sweep: back off
-                    queue.early_poll = now + queue.early_backoff * random.uniform(1 - COLD_POLL_JITTER, 1 + COLD_POLL_JITTER)
-                    queue.early_backoff = min(2 * queue.early_backoff, COLD_POLL[mode][1])
+                    queue.early_poll, queue.early_backoff = _back_off(now, queue.early_backoff, mode)
                 early = queue.early_poll + EARLY_POLL_SLACK < queue.watch_from  # a late timer cannot delay the watch
                 look_at, look_precisely = (queue.early_poll, False) if early else (queue.watch_from, mode == "auto")
                 if look_at < wake_at:
@@ -618,8 +622,7 @@ class Watcher:
             elif mode == "thread" and queue.backstop is None:
                 self._start_backstop(queue, None)
             if now >= queue.next_poll:  # it was just queried by the sweep: back off
-                queue.next_poll = now + queue.backoff * random.uniform(1 - COLD_POLL_JITTER, 1 + COLD_POLL_JITTER)
-                queue.backoff = min(2 * queue.backoff, COLD_POLL[mode][1])
+                queue.next_poll, queue.backoff = _back_off(now, queue.backoff, mode)
             if queue.next_poll < wake_at:
                 wake_at, precise = queue.next_poll, False
         if parked_auto:
