@@ -146,6 +146,26 @@ def running_asyncio_loop() -> asyncio.AbstractEventLoop | None:
     return asyncio._get_running_loop()
 
 
+def in_trio_task() -> Any:
+    """The trio module if a trio task is running in this thread, else ``None``.
+
+    Not :func:`in_trio_run`: trio in guest mode runs its tasks from a host asyncio loop's
+    callbacks, its run active around the host's own tasks too; only its tasks may await trio's
+    signals, and they see that asyncio loop running as well.
+    """
+    trio = sys.modules.get("trio")  # never import trio ourselves
+    if trio is None:
+        return None
+    try:
+        return trio if trio.lowlevel.in_trio_task() else None
+    except AttributeError:  # trio before 0.26, or half-imported by another thread
+        try:
+            trio.lowlevel.current_task()
+        except (RuntimeError, AttributeError):
+            return None
+        return trio
+
+
 def in_trio_run() -> Any:
     """The trio module if this thread is inside ``trio.run``, else ``None``."""
     trio = sys.modules.get("trio")  # never import trio ourselves

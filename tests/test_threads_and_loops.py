@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import anyio
@@ -168,3 +169,43 @@ def test_a_loop_that_awaited_events_is_not_kept_alive_after_it_closed(sim: Any) 
         asyncio.run(await_one())
     gc.collect()
     assert [loop() for loop in loops] == [None, None, None]
+
+
+
+def test_trio_running_as_a_guest_of_asyncio_waits_through_trio(device: aiogpu.Device, strategy: aiogpu.WaitStrategy) -> None:
+    # trio's guest mode runs trio's tasks from the asyncio loop's callbacks, so that loop is
+    # "running" inside them too: their waits must still be trio's (an asyncio future awaited in
+    # a trio task is an error), and the host's own tasks' waits asyncio's, at the same time.
+    import asyncio
+
+    trio = pytest.importorskip("trio")
+    with aiogpu.Stream(device) as stream, Latch(device) as latch:
+        latch.block(stream)
+        event = stream.record()
+        waiting: dict[str, int] = {}  # waiting tasks, as each loop's watcher counts them
+
+        async def guest() -> str:
+            with trio.fail_after(TIMEOUT):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(partial(event.wait, strategy=strategy))
+                    while not aiogpu.pending_waits():
+                        await trio.lowlevel.checkpoint()
+                    waiting["guest"] = sum(wait.waiters for wait in aiogpu.pending_waits())
+            return "guest woke"
+
+        async def host() -> list[str]:
+            loop = asyncio.get_running_loop()
+            guest_done: asyncio.Future[Any] = loop.create_future()
+            trio.lowlevel.start_guest_run(
+                guest, run_sync_soon_threadsafe=loop.call_soon_threadsafe, done_callback=guest_done.set_result
+            )
+            host_wait = asyncio.create_task(event.wait(strategy=strategy))
+            while "guest" not in waiting or not aiogpu.pending_waits():
+                await asyncio.sleep(0)
+            waiting["host"] = sum(wait.waiters for wait in aiogpu.pending_waits())
+            latch.release()
+            await asyncio.wait_for(host_wait, TIMEOUT)
+            return [(await asyncio.wait_for(guest_done, TIMEOUT)).unwrap()]
+
+        assert asyncio.run(host()) == ["guest woke"]
+        assert waiting == {"guest": 1, "host": 1}

@@ -920,7 +920,8 @@ _trio_watcher_var: object = None
 def current() -> Watcher:
     """The watcher of the running loop (per loop: never shared between loops)."""
     global _last_asyncio
-    loop = _loop.running_asyncio_loop()
+    trio = _loop.in_trio_task()  # first: a trio guest's tasks run inside an asyncio loop's callbacks
+    loop = _loop.running_asyncio_loop() if trio is None else None
     if loop is not None:
         last = _last_asyncio
         if last is not None and last[0]() is loop and (cached := last[1]()) is not None:
@@ -930,7 +931,6 @@ def current() -> Watcher:
             watcher = _asyncio_watchers[loop] = Watcher(_loop.AsyncioBackend(loop))
         _last_asyncio = (weakref.ref(loop), weakref.ref(watcher))
         return watcher
-    trio = _loop.in_trio_run()
     if trio is None:
         raise RuntimeError("aiogpu waits need a running asyncio, uvloop or trio event loop")
     global _trio_watcher_var
