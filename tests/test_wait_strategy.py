@@ -1135,3 +1135,41 @@ def test_a_waiter_thread_that_finds_only_abandoned_jobs_lets_go_of_their_events_
             time.sleep(0.001)
         assert sim.statistics().live_events == live - 1  # not after the thread's 30 s idle
         pool.stop_idle_threads()
+
+
+def test_waits_one_after_another_are_served_by_one_warm_waiter_thread(sim: SimulatedDriver) -> None:
+    # A waiter thread stays warm for ``idle_seconds`` after its job and takes the next one: a
+    # thread started per wait would add its start-up to every wake-up (CUDA.jl found cold
+    # wake-ups dominate the tails).
+    from aiogpu._wait import _thread
+
+    pool = _thread._Pool(max_threads=4, hard_max_threads=4, idle_seconds=30.0)
+    served_by: set[str] = set()
+    query = sim.event_query
+
+    def noted(event: int) -> bool:
+        served_by.add(threading.current_thread().name)
+        return query(event)
+
+    sim.event_query = noted  # type: ignore[method-assign]
+    try:
+        with aiogpu.Stream(sim.device(0)) as stream:
+            for _ in range(5):
+                work = sim.launch(stream)
+                event = stream.record()
+                event._lifetime.acquire()  # what a wait's entry holds
+                woken = threading.Event()
+                subscriber = pool.subscribe(event, woken.set)
+                work.release()
+                assert woken.wait(5), "the waiter thread never saw the work done"
+                assert subscriber.outcome is None
+                event._lifetime.release()
+                deadline = time.perf_counter() + 5
+                while pool.statistics().idle_threads < 1 and time.perf_counter() < deadline:
+                    time.sleep(0.001)  # the thread going back to idle, not the GPU
+                assert pool.statistics() == _thread.PoolStatistics(
+                    threads=1, idle_threads=1, queued_jobs=0, running_jobs=0, abandoned_jobs=0, subscribers=0
+                )
+        assert len(served_by) == 1, served_by
+    finally:
+        pool.stop_idle_threads()
