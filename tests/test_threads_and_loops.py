@@ -12,6 +12,7 @@ from functools import partial
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 import aiogpu
@@ -171,7 +172,6 @@ def test_a_loop_that_awaited_events_is_not_kept_alive_after_it_closed(sim: Any) 
     assert [loop() for loop in loops] == [None, None, None]
 
 
-
 def test_trio_running_as_a_guest_of_asyncio_waits_through_trio(device: aiogpu.Device, strategy: aiogpu.WaitStrategy) -> None:
     # trio's guest mode runs trio's tasks from the asyncio loop's callbacks, so that loop is
     # "running" inside them too: their waits must still be trio's (an asyncio future awaited in
@@ -201,7 +201,7 @@ def test_trio_running_as_a_guest_of_asyncio_waits_through_trio(device: aiogpu.De
             )
             host_wait = asyncio.create_task(event.wait(strategy=strategy))
             while "guest" not in waiting or not aiogpu.pending_waits():
-                await asyncio.sleep(0)
+                await anyio.lowlevel.checkpoint()
             waiting["host"] = sum(wait.waiters for wait in aiogpu.pending_waits())
             latch.release()
             await asyncio.wait_for(host_wait, TIMEOUT)

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 import aiogpu
@@ -529,7 +530,7 @@ async def test_tasks_one_sweep_wakes_resume_in_the_order_their_waits_started(
             with anyio.fail_after(20):
                 tasks = [asyncio.create_task(waiter(index)) for index in range(len(events))]
                 while sum(wait.waiters for wait in aiogpu.pending_waits()) < len(events):
-                    await asyncio.sleep(0)
+                    await anyio.lowlevel.checkpoint()
                 latch.release()
                 while not all(event.is_done for event in events):
                     pass  # no yield: the watcher's next sweep finds them all done
