@@ -13,15 +13,12 @@ from __future__ import annotations
 
 import operator
 import threading
-from contextlib import contextmanager
 from typing import TYPE_CHECKING, final
 
 from . import _driver
 from ._errors import CudaUnavailableError
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
-
     from ._driver import Driver
     from ._event import Event
     from ._stream import Stream
@@ -167,18 +164,9 @@ class Device:
 
         return Event(self, timing=timing, blocking_sync=blocking_sync, interprocess=interprocess)
 
-    @contextmanager
-    def _activated(self) -> Iterator[None]:
+    def _activated(self) -> _Activation:
         """Make the primary context current for the block, restoring what was current before."""
-        driver = self._driver
-        if driver.context_get_current() == self._context:
-            yield
-            return
-        driver.context_push(self._context)
-        try:
-            yield
-        finally:
-            driver.context_pop()
+        return _Activation(self)
 
     def __repr__(self) -> str:
         return f"<aiogpu.Device {self._ordinal} {self._name!r} driver={self._driver.name}>"
@@ -187,6 +175,28 @@ class Device:
         if self._driver is not _driver.default_driver():
             raise TypeError(f"{self!r} cannot be pickled: only devices of the default driver can be")
         return (Device, (self._ordinal,))
+
+
+class _Activation:
+    """``Device._activated()``'s block. A class, not a ``contextmanager`` generator: it runs for
+    every event created, and the generator's machinery cost about 1.8 µs more on an H200 host."""
+
+    __slots__ = ("_device", "_pushed")
+
+    def __init__(self, device: Device) -> None:
+        self._device = device
+        self._pushed = False
+
+    def __enter__(self) -> None:
+        device = self._device
+        if device._driver.context_get_current() != device._context:
+            device._driver.context_push(device._context)
+            self._pushed = True
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._pushed:
+            self._pushed = False
+            self._device._driver.context_pop()
 
 
 def _check_driver(driver: object) -> Driver:

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import time
@@ -62,6 +63,15 @@ def _check_flag(name: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, got {value!r}")
     return value
+
+
+@functools.cache
+def _stream_type() -> type[Stream]:
+    """``aiogpu.Stream``, imported at first use (a cycle: streams record events), not at every
+    ``record()``: an import statement there cost about a microsecond a call."""
+    from ._stream import Stream
+
+    return Stream
 
 
 @final
@@ -267,11 +277,9 @@ class Event:
             ValueError: ``stream`` belongs to another device.
         """
         self._lifetime.check_open()
-        from ._stream import Stream  # (a cycle: streams record events)
-
         if stream is None:
             stream = self._device.default_stream
-        elif not isinstance(stream, Stream):
+        elif not isinstance(stream, _stream_type()):
             raise TypeError(
                 f"record() expects an aiogpu.Stream, got {stream!r}; adopt foreign streams with aiogpu.Stream.adopt(obj)"
             )

@@ -49,6 +49,8 @@ class _ThreadSerial(threading.local):
 _this_thread = _ThreadSerial()
 
 
+#: ``Stream._context()`` of a stream that is not a default stream (``nullcontext`` is reusable).
+_NOTHING_TO_ACTIVATE = nullcontext()
 #: Serial numbers of the streams aiogpu creates (``Stream._wait_key``).
 _created = itertools.count(1)
 
@@ -367,7 +369,7 @@ class Stream:
 
     def _context(self) -> AbstractContextManager[None]:
         # Default-stream handles resolve through the current context: make ours current.
-        return self._device._activated() if self._handle in DEFAULT_STREAM_HANDLES else nullcontext()
+        return self._device._activated() if self._handle in DEFAULT_STREAM_HANDLES else _NOTHING_TO_ACTIVATE
 
     def __reduce__(self) -> tuple[object, ...]:
         raise TypeError("an aiogpu.Stream cannot be copied or pickled: it holds a CUDA stream handle; share the object itself")
