@@ -77,3 +77,31 @@ def test_the_wake_benchmark_runs_on_the_simulated_device_and_labels_it(tmp_path:
 def floor_p50(result: dict[str, Any], work_us: float) -> float:
     (floor,) = (row for row in result["latency"] if row["work_us"] == work_us and row["strategy"].startswith("floor"))
     return float(floor["p50_us"])
+
+
+@pytest.mark.timeout(120)
+def test_the_host_cost_profile_runs_on_the_simulated_device_and_labels_it(tmp_path: Path) -> None:
+    if gpu_unavailable_reason() is None:
+        pytest.skip("a GPU is here: the profile would measure it (run it by hand)")
+    run = subprocess.run(
+        [sys.executable, "-m", "benchmarks.host_costs", "--quick", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads((tmp_path / "host_costs.json").read_text())
+    assert result["environment"]["simulated"] is True
+    calls = [row["call"] for row in result["costs"]]
+    assert calls == [
+        "aiogpu.Event(device) + close()",
+        "stream.record() + close(): a new event each time",
+        "stream.record(), dropped: destroyed by the GC's finalizer",
+        "event.record(stream): re-recording one event",
+        "event.is_done, done",
+        "await event, done: a query and a checkpoint (asyncio)",
+    ]  # no driver or torch rows: there is no driver to time
+    assert all(row["group"] == "aiogpu" and row["us"] > 0 for row in result["costs"])
+    assert run.stdout.count("SIMULATED aiogpu") == len(calls)
