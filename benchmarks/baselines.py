@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import importlib.util
+import platform
 import warnings
 from typing import TYPE_CHECKING, Any, get_args
 
@@ -31,7 +33,14 @@ def _import(name: str) -> Any:
 
 
 def environment(device: aiogpu.Device, simulated: bool) -> dict[str, Any]:
-    info: dict[str, Any] = {"device": device.name, "simulated": simulated, "aiogpu": aiogpu.__version__}
+    """What a run's figures were measured on (device, driver, date, Python, aiogpu)."""
+    info: dict[str, Any] = {
+        "device": device.name,
+        "simulated": simulated,
+        "aiogpu": aiogpu.__version__,
+        "date": datetime.date.today().isoformat(),
+        "python": platform.python_version(),
+    }
     if not simulated:
         from cuda.bindings import driver
 

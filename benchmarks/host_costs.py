@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import json
-import platform
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -133,8 +131,6 @@ def torch_costs(device: aiogpu.Device, calls: int) -> list[tuple[str, float]]:
 def main(out: Path, quick: bool) -> None:
     device, simulated = open_device()
     environment = baselines.environment(device, simulated)
-    environment["date"] = datetime.date.today().isoformat()
-    environment["python"] = platform.python_version()
     print(json.dumps(environment), flush=True)
     calls = CALLS // 20 if quick else CALLS
     groups = {"aiogpu": aiogpu_costs(device, calls)}

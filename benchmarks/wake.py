@@ -46,13 +46,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import datetime
 import gc
 import itertools
 import json
 import math
 import os
-import platform
 import statistics
 import struct
 import subprocess
@@ -492,8 +490,6 @@ def event_loops() -> list[tuple[str, Callable[[Awaitable[Any]], Any]]]:
 def main(out: Path, quick: bool) -> None:
     device, simulated = open_device()
     environment = baselines.environment(device, simulated)
-    environment["date"] = datetime.date.today().isoformat()
-    environment["python"] = platform.python_version()
     print(json.dumps(environment), flush=True)
 
     baselines.latency_waiters(device)  # imports what the baselines use (torch, cuda.core)

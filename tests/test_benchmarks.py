@@ -1,4 +1,4 @@
-"""The wake benchmark runs end to end without a GPU, on the simulated device, and says so."""
+"""The benchmarks run end to end without a GPU, on the simulated device, and say so."""
 
 from __future__ import annotations
 
@@ -15,19 +15,26 @@ from tests.conftest import gpu_unavailable_reason
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.timeout(300)
-def test_the_wake_benchmark_runs_on_the_simulated_device_and_labels_it(tmp_path: Path) -> None:
+def run_on_the_simulated_device(benchmark: str, out: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``python -m benchmarks.BENCHMARK --quick --out OUT`` from the project root, where no GPU is
+    (where one is, the benchmark would measure it: run it by hand)."""
     if gpu_unavailable_reason() is None:
         pytest.skip("a GPU is here: the benchmark would measure it (run it by hand)")
     run = subprocess.run(
-        [sys.executable, "-m", "benchmarks.wake", "--quick", "--out", str(tmp_path)],
+        [sys.executable, "-m", f"benchmarks.{benchmark}", "--quick", "--out", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=280,
+        timeout=timeout,
         check=False,
     )
     assert run.returncode == 0, run.stderr[-3000:]
+    return run
+
+
+@pytest.mark.timeout(300)
+def test_the_wake_benchmark_runs_on_the_simulated_device_and_labels_it(tmp_path: Path) -> None:
+    run = run_on_the_simulated_device("wake", tmp_path, timeout=280)
     result = json.loads((tmp_path / "wake.json").read_text())
     assert result["environment"]["simulated"] is True
     assert (tmp_path / "wake.md").read_text().startswith("# Wake-up benchmark: SIMULATED device (no GPU)")
@@ -81,17 +88,7 @@ def floor_p50(result: dict[str, Any], work_us: float) -> float:
 
 @pytest.mark.timeout(120)
 def test_the_host_cost_profile_runs_on_the_simulated_device_and_labels_it(tmp_path: Path) -> None:
-    if gpu_unavailable_reason() is None:
-        pytest.skip("a GPU is here: the profile would measure it (run it by hand)")
-    run = subprocess.run(
-        [sys.executable, "-m", "benchmarks.host_costs", "--quick", "--out", str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=100,
-        check=False,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
+    run = run_on_the_simulated_device("host_costs", tmp_path, timeout=100)
     result = json.loads((tmp_path / "host_costs.json").read_text())
     assert result["environment"]["simulated"] is True
     calls = [row["call"] for row in result["costs"]]
