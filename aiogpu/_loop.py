@@ -147,23 +147,18 @@ def running_asyncio_loop() -> asyncio.AbstractEventLoop | None:
 
 
 def in_trio_task() -> Any:
-    """The trio module if a trio task is running in this thread, else ``None``.
+    """The trio module if trio is running the calling code, else ``None``.
 
-    Not :func:`in_trio_run`: trio in guest mode runs its tasks from a host asyncio loop's
-    callbacks, its run active around the host's own tasks too; only its tasks may await trio's
-    signals, and they see that asyncio loop running as well.
+    Not :func:`in_trio_run`: trio as a guest of an asyncio loop runs its tasks from that loop's
+    callbacks, its run active around the host's own tasks too (and trio-asyncio runs asyncio
+    code inside trio's tasks). Which one runs the calling code is what trio says through sniffio
+    (``thread_local.name``, set while it steps its tasks), which trio imports.
     """
     trio = sys.modules.get("trio")  # never import trio ourselves
-    if trio is None:
+    sniffio = sys.modules.get("sniffio")
+    if trio is None or sniffio is None:
         return None
-    try:
-        return trio if trio.lowlevel.in_trio_task() else None
-    except AttributeError:  # trio before 0.26, or half-imported by another thread
-        try:
-            trio.lowlevel.current_task()
-        except (RuntimeError, AttributeError):
-            return None
-        return trio
+    return trio if getattr(sniffio.thread_local, "name", None) == "trio" else None
 
 
 def in_trio_run() -> Any:

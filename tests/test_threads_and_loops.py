@@ -5,10 +5,13 @@ nothing is left subscribed, and aiogpu never changes the context the thread had.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -209,3 +212,62 @@ def test_trio_running_as_a_guest_of_asyncio_waits_through_trio(device: aiogpu.De
 
         assert asyncio.run(host()) == ["guest woke"]
         assert waiting == {"guest": 1, "host": 1}
+
+
+#: Run in a child process: importing trio_asyncio patches asyncio process-wide (its loop policy
+#: and ``asyncio._get_running_loop``), which no other test should run under.
+_TRIO_ASYNCIO_CHILD = """
+import sys
+import trio, trio_asyncio
+import aiogpu
+from aiogpu._wait import _watcher
+from aiogpu.testing import Latch, SimulatedDriver
+
+device = SimulatedDriver().device(0) if sys.argv[1] == "simulated" else aiogpu.Device(0)
+strategy = sys.argv[2]
+backends = {}
+
+async def main():
+    with aiogpu.Stream(device) as stream, Latch(device) as latch:
+        latch.block(stream)
+        event = stream.record()
+
+        async def asyncio_side():
+            backends["asyncio"] = type(_watcher.current()._backend).__name__
+            await event.wait(strategy=strategy)
+
+        async def trio_side():
+            backends["trio"] = type(_watcher.current()._backend).__name__
+            await event.wait(strategy=strategy)
+
+        with trio.fail_after(20):
+            async with trio_asyncio.open_loop(), trio.open_nursery() as nursery:
+                nursery.start_soon(trio_side)
+                nursery.start_soon(trio_asyncio.aio_as_trio(asyncio_side))
+                while len(backends) < 2 or not aiogpu.pending_waits():
+                    await trio.lowlevel.checkpoint()
+                latch.release()
+
+trio.run(main)
+print(sorted(backends.items()))
+"""
+
+
+def test_trio_asyncio_waits_through_the_watcher_of_whichever_mode_runs_the_code(
+    device: aiogpu.Device, strategy: aiogpu.WaitStrategy
+) -> None:
+    # trio-asyncio runs asyncio code inside trio's tasks: the asyncio side's waits must be
+    # asyncio's (a trio signal awaited by an asyncio task: "Task got bad yield"), the trio
+    # side's trio's, one event awaited from both at once.
+    pytest.importorskip("trio_asyncio")
+    kind = "simulated" if device.name.startswith("Simulated") else "gpu"
+    child = subprocess.run(
+        [sys.executable, "-c", _TRIO_ASYNCIO_CHILD, kind, strategy],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT + 40,
+        check=False,
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    assert child.stdout.strip().splitlines()[-1] == "[('asyncio', 'AsyncioBackend'), ('trio', 'TrioBackend')]"
