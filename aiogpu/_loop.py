@@ -10,8 +10,8 @@
   wanted the wake-up is gone with it.
 - ``Backend.spawn_system_task``: a background task that belongs to the loop, not to a user task.
 
-asyncio is tested first: trio may be half-imported by another thread, and asking it about
-the current run would then fail.
+Which library runs the calling code is what trio says through sniffio (``in_trio_task``), read
+defensively: trio or sniffio may be half-imported by another thread.
 """
 
 from __future__ import annotations
@@ -147,18 +147,22 @@ def running_asyncio_loop() -> asyncio.AbstractEventLoop | None:
 
 
 def in_trio_task() -> Any:
-    """The trio module if trio is running the calling code, else ``None``.
+    """The trio module if trio runs the calling code, else ``None``.
 
     Not :func:`in_trio_run`: trio as a guest of an asyncio loop runs its tasks from that loop's
-    callbacks, its run active around the host's own tasks too (and trio-asyncio runs asyncio
-    code inside trio's tasks). Which one runs the calling code is what trio says through sniffio
-    (``thread_local.name``, set while it steps its tasks), which trio imports.
+    callbacks, its run active around the host's own tasks too, and trio-asyncio runs asyncio
+    code inside trio's tasks. Both say which library runs the code through sniffio's
+    ``thread_local.name`` (which trio imports). trio sets it for its whole run, so an asyncio
+    task there (``asyncio.run`` called inside a trio task) is asyncio's.
     """
     trio = sys.modules.get("trio")  # never import trio ourselves
     sniffio = sys.modules.get("sniffio")
-    if trio is None or sniffio is None:
+    if trio is None or getattr(getattr(sniffio, "thread_local", None), "name", None) != "trio":
+        return None  # (a half-imported sniffio has no thread_local yet)
+    loop = asyncio._get_running_loop()
+    if loop is not None and asyncio.current_task(loop) is not None:
         return None
-    return trio if getattr(sniffio.thread_local, "name", None) == "trio" else None
+    return trio
 
 
 def in_trio_run() -> Any:

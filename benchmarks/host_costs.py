@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import aiogpu
+from aiogpu._driver import _check as check  # calls a cuda.bindings function, raises CudaError
 
 from . import baselines
 from .wake import open_device
@@ -92,13 +93,14 @@ def driver_costs(device: aiogpu.Device, calls: int) -> list[tuple[str, float]]:
     ]
     with aiogpu.Stream(device) as stream, device._activated():
         flags = cu.CUevent_flags.CU_EVENT_DISABLE_TIMING
+        check(cu.cuEventDestroy, check(cu.cuEventCreate, flags))  # unchecked below: a failure would be timed
 
         def create_destroy() -> None:
             _, created = cu.cuEventCreate(flags)
             cu.cuEventDestroy(created)
 
         rows.append(("cuEventCreate + cuEventDestroy", per_call_us(create_destroy, calls)))
-        _, event = cu.cuEventCreate(flags)
+        event = check(cu.cuEventCreate, flags)
         try:
             rows.append(("cuEventRecord", per_call_us(lambda: cu.cuEventRecord(event, stream.handle), calls)))
             stream.synchronize()

@@ -11,6 +11,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import partial
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -259,7 +260,8 @@ def test_trio_asyncio_waits_through_the_watcher_of_whichever_mode_runs_the_code(
     # trio-asyncio runs asyncio code inside trio's tasks: the asyncio side's waits must be
     # asyncio's (a trio signal awaited by an asyncio task: "Task got bad yield"), the trio
     # side's trio's, one event awaited from both at once.
-    pytest.importorskip("trio_asyncio")
+    if find_spec("trio_asyncio") is None:  # not importorskip: the import would patch asyncio here
+        pytest.skip("trio-asyncio is not installed")
     kind = "simulated" if device.name.startswith("Simulated") else "gpu"
     child = subprocess.run(
         [sys.executable, "-c", _TRIO_ASYNCIO_CHILD, kind, strategy],
@@ -271,3 +273,38 @@ def test_trio_asyncio_waits_through_the_watcher_of_whichever_mode_runs_the_code(
     )
     assert child.returncode == 0, child.stderr[-3000:]
     assert child.stdout.strip().splitlines()[-1] == "[('asyncio', 'AsyncioBackend'), ('trio', 'TrioBackend')]"
+
+
+def test_an_asyncio_loop_run_inside_a_trio_task_waits_through_asyncio(device: aiogpu.Device) -> None:
+    # trio says "trio" through sniffio for its whole run, also while a trio task runs an asyncio
+    # loop to completion (asyncio.run called from trio code): that loop's tasks are asyncio's.
+    import asyncio
+
+    trio = pytest.importorskip("trio")
+
+    async def asyncio_wait() -> str:
+        with aiogpu.Stream(device) as stream:
+            await stream.record()
+        return "woke"
+
+    async def trio_task() -> str:
+        return asyncio.run(asyncio_wait())
+
+    assert trio.run(trio_task) == "woke"
+
+
+def test_a_half_imported_sniffio_does_not_break_asyncio_waits(device: aiogpu.Device, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Another thread importing trio can leave sniffio in sys.modules before it has finished
+    # (no thread_local yet): a plain asyncio wait must not trip over it.
+    import asyncio
+    import types
+
+    pytest.importorskip("trio")
+    monkeypatch.setitem(sys.modules, "sniffio", types.ModuleType("sniffio"))
+
+    async def asyncio_wait() -> str:
+        with aiogpu.Stream(device) as stream:
+            await stream.record()
+        return "woke"
+
+    assert asyncio.run(asyncio_wait()) == "woke"
