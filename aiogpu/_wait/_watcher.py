@@ -773,19 +773,11 @@ class Watcher:
 
     # -- outcomes -----------------------------------------------------------------------------
     def _complete(self, entry: _Entry) -> None:
-        """The entry's work is done (or failed): its tasks are woken at the next ``_wake``.
-
-        Once per completed recording, 10,000 times in a fan-out: ``_forget`` and
-        ``_release_handle`` are written out here (a Python call costs about as much as either).
-        """
-        registered = self._entries.pop(entry.key, None)
-        if registered is not entry and registered is not None:
-            self._entries[entry.key] = registered  # a re-recorded entry's new key was taken
+        """The entry's work is done (or failed): its tasks are woken at the next ``_wake``."""
+        self._forget(entry)
         self._woken += len(entry.signals)
         self._waking.append(entry)
-        if entry.holds_handle:
-            entry.holds_handle = False
-            entry.target._lifetime.release()
+        _release_handle(entry)
 
     def _wake(self) -> None:
         """Wake the tasks of the entries completed since the last call, oldest wait first.
