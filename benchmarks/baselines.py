@@ -157,9 +157,11 @@ def latency_waiters(device: aiogpu.Device) -> list[tuple[str, Maker]]:
 # -- fan-out ------------------------------------------------------------------------------------
 FANOUT_GPU_FLOOR = "floor: sync last event per stream"
 FANOUT_TASK_FLOOR = "floor + waking the tasks (plain futures)"
+FANOUT_STREAM_ORDER_FLOOR = "floor + waking each stream's tasks when it is done (plain futures)"
 FANOUT_WAITERS = (
     FANOUT_GPU_FLOOR,
     FANOUT_TASK_FLOOR,
+    FANOUT_STREAM_ORDER_FLOOR,
     "query + sleep(0) per waiter",
     *(f"aiogpu {s}" for s in get_args(aiogpu.WaitStrategy)),
 )
@@ -173,7 +175,11 @@ def fanout_tasks(
 
     The GPU floor has no waiting tasks at all. The task floor is the least a loop can do for
     as many waiting tasks: one spinning synchronize per stream, then resolving a plain future
-    that each task awaits; every waiter-based row is measured against it too. Every waiting
+    that each task awaits, in the order the tasks were created; every waiter-based row is
+    measured against it too. The stream-order floor resolves them as a waking engine must: a
+    stream's tasks once its last event is done, stream after stream, each stream's tasks
+    running before the next stream is synchronized (tasks woken in the order their work
+    completes lie apart in memory when requests go round robin over the streams). Every waiting
     task counts itself done on a shared countdown (``asyncio.gather`` would add a Python
     callback per task that costs more than the wake-up being measured).
     """
@@ -186,7 +192,7 @@ def fanout_tasks(
         return synchronize_last, []
     loop = asyncio.get_running_loop()
     countdown = _Countdown(loop, len(targets))
-    if name == FANOUT_TASK_FLOOR:
+    if name in (FANOUT_TASK_FLOOR, FANOUT_STREAM_ORDER_FLOOR):
         futures: list[asyncio.Future[None]] = [loop.create_future() for _ in targets]
         waits: list[Awaitable[None]] = list(futures)
     elif name.startswith("query"):
@@ -196,11 +202,26 @@ def fanout_tasks(
         waits = [event.wait(strategy=strategy) for event in targets]  # type: ignore[arg-type]
     tasks = [loop.create_task(countdown.after(wait)) for wait in waits]
 
+    by_stream: list[list[asyncio.Future[None]]] = [[] for _ in per_stream]
+    if name == FANOUT_STREAM_ORDER_FLOOR:  # grouped before the release: not timed
+        stream_of = {id(event): index for index, events in enumerate(per_stream) for event in events}
+        for target, future in zip(targets, futures, strict=True):
+            by_stream[stream_of[id(target)]].append(future)
+
+    async def wake_stream_by_stream() -> None:
+        for events, stream_futures in zip(per_stream, by_stream, strict=True):
+            events[-1].synchronize()
+            for future in stream_futures:
+                future.set_result(None)
+            await asyncio.sleep(0)  # they run before the next stream is looked at
+
     async def wait_all() -> None:
         if name == FANOUT_TASK_FLOOR:
             await synchronize_last()
             for future in futures:
                 future.set_result(None)
+        elif name == FANOUT_STREAM_ORDER_FLOOR:
+            await wake_stream_by_stream()
         await countdown.done
 
     return wait_all, tasks

@@ -26,9 +26,12 @@ round, so that the machine's drift reaches all of them alike;
 and fan-out: 1,000 and 10,000 concurrent waiters over 1, 8 and 64 streams (an event after each
 kernel, shared by several waiters where there are more waiters than kernels), and 10,000 on 64
 streams each awaiting an event of its own, work queued behind a
-latch and then released, ``FANOUT_REPEATS`` times each (medians, and the best run): wall time against two floors — the GPU floor (synchronizing the last
-event of each stream, no waiting task at all) and the task floor (the same, then resolving a
-plain future that each of the N waiting tasks awaits: the least a loop can do to wake them) —
+latch and then released, ``FANOUT_REPEATS`` times each (medians, and the best run): wall time against the GPU floor
+(synchronizing the last event of each stream, no waiting task at all), beside two rows of plain
+futures, one per waiting task: the task floor (the GPU floor, then resolving them all: waking
+the N tasks once everything is done) and the stream-order floor (each stream synchronized in
+turn and its tasks resolved and run before the next: waking tasks while the GPU finishes the
+rest, as a waking engine does, with nothing to ask the driver but one synchronize per stream) —
 and host CPU per wait, in all and over the task floor's (what the way of waiting adds to
 the loop's own cost of waking a task). Each waiting task counts itself done on a shared
 countdown. Fan-out runs on asyncio and again on uvloop where it is installed (uvicorn's loop).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -63,6 +64,9 @@ def test_the_wake_benchmark_runs_on_the_simulated_device_and_labels_it(tmp_path:
         for streams in (1, 8, 64):
             assert ("asyncio", waiters, streams, False, "aiogpu auto") in fanout
     assert ("asyncio", 10_000, 64, True, "aiogpu auto") in fanout
+    for floor_name in ("floor: sync last event per stream", "floor + waking the tasks (plain futures)", STREAM_ORDER_FLOOR):
+        assert ("asyncio", 10_000, 64, True, floor_name) in fanout
+        assert ("asyncio", 10_000, 64, False, floor_name) in fanout
     for row in result["fanout"]:  # 10,000 waiters on 64 streams share 2,944 events, or have one each
         if (row["waiters"], row["streams"]) == (10_000, 64):
             assert (row["events"] >= 10_000) if row["own_events"] else (row["events"] < 3_000)
@@ -79,6 +83,38 @@ def test_the_wake_benchmark_runs_on_the_simulated_device_and_labels_it(tmp_path:
             assert ms > 10 * freeing[loop, waiters, streams, own, "floor: sync last event per stream"] > 0
     assert run.stdout.count("fan-out") >= len(result["fanout"])  # a progress line per case
     assert (tmp_path / "wake.png").read_bytes().startswith(b"\x89PNG"), run.stdout[-500:]  # the chart
+
+
+STREAM_ORDER_FLOOR = "floor + waking each stream's tasks when it is done (plain futures)"
+
+
+class _RecordedEvent:
+    """Stands in for an event in ``fanout_tasks``: a synchronize reports which tasks had run."""
+
+    def __init__(self, stream: int, log: list[tuple[int, list[bool]]], tasks: list[asyncio.Task[None]]) -> None:
+        self.stream, self._log, self._tasks = stream, log, tasks
+
+    def synchronize(self) -> None:
+        self._log.append((self.stream, [task.done() for task in self._tasks]))
+
+
+@pytest.mark.asyncio
+async def test_the_stream_order_floor_runs_each_streams_tasks_before_it_looks_at_the_next() -> None:
+    from benchmarks import baselines
+
+    assert baselines.FANOUT_STREAM_ORDER_FLOOR == STREAM_ORDER_FLOOR
+    log: list[tuple[int, list[bool]]] = []
+    tasks: list[asyncio.Task[None]] = []
+    per_stream = [[_RecordedEvent(stream, log, tasks) for _ in range(3)] for stream in range(4)]
+    # Round robin, as requests spread over streams: task i awaits an event of stream i % 4.
+    targets = [per_stream[i % 4][i // 4 % 3] for i in range(24)]
+    wait_all, started = baselines.fanout_tasks(STREAM_ORDER_FLOOR, targets, per_stream)  # type: ignore[arg-type]
+    tasks += started
+    await wait_all()
+    assert [stream for stream, _ in log] == [0, 1, 2, 3]  # the last event of each stream, in turn
+    for stream, done in log:  # every earlier stream's tasks had run, no later one's
+        assert done == [i % 4 < stream for i in range(24)]
+    assert all(task.done() for task in tasks)
 
 
 def floor_p50(result: dict[str, Any], work_us: float) -> float:
