@@ -173,13 +173,13 @@ def fanout_tasks(
     """Start the waiters for ``name`` now (parked before the release); return "await them all"
     and the tasks (the loop holds tasks only weakly: keep them until the clock has stopped).
 
-    The GPU floor has no waiting tasks at all. The task floor is the least a loop can do for
-    as many waiting tasks: one spinning synchronize per stream, then resolving a plain future
-    that each task awaits, in the order the tasks were created; every waiter-based row is
-    measured against it too. The stream-order floor resolves them as a waking engine must: a
-    stream's tasks once its last event is done, stream after stream, each stream's tasks
-    running before the next stream is synchronized (tasks woken in the order their work
-    completes lie apart in memory when requests go round robin over the streams). Every waiting
+    The GPU floor has no waiting tasks at all. The task floor: one spinning synchronize per
+    stream, then resolving a plain future that each task awaits, in the order the tasks were
+    created (no task runs before the GPU is done); every waiter-based row is measured against
+    it too. The stream-order floor resolves them as a waking engine does, in the order their
+    work completes: a stream's tasks once its last event is done, stream after stream, each
+    stream's tasks running before the next stream is synchronized, so they run while the GPU
+    finishes the rest (the least a loop can do, but for one synchronize per stream). Every waiting
     task counts itself done on a shared countdown (``asyncio.gather`` would add a Python
     callback per task that costs more than the wake-up being measured).
     """

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks import baselines
 from tests.conftest import gpu_unavailable_reason
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,9 +48,9 @@ def test_the_wake_benchmark_runs_on_the_simulated_device_and_labels_it(tmp_path:
     assert [row["work_us"] for row in result["idle_lag"]] == [20.0, 200.0, 5000.0]
     assert all(0 <= row["lag_p99_ms"] <= row["lag_max_ms"] for row in result["idle_lag"])
     assert "The same probe on an idle loop" in (tmp_path / "wake.md").read_text()
-    baselines = {row["strategy"] for row in result["latency"]} - strategies
-    assert {"floor: sync spin on the loop", "query + sleep(0)", "query + sleep(1 ms)"} <= baselines
-    assert any(name.startswith("to_thread(") for name in baselines)
+    baseline_names = {row["strategy"] for row in result["latency"]} - strategies
+    assert {"floor: sync spin on the loop", "query + sleep(0)", "query + sleep(1 ms)"} <= baseline_names
+    assert any(name.startswith("to_thread(") for name in baseline_names)
     floor = {row["work_us"]: row["cpu_us_per_wait"] for row in result["latency"] if row["strategy"].startswith("floor")}
     for row in result["latency"]:  # every figure the goals use is there and consistent
         assert row["p50_us"] <= row["p99_us"]
@@ -64,7 +65,7 @@ def test_the_wake_benchmark_runs_on_the_simulated_device_and_labels_it(tmp_path:
         for streams in (1, 8, 64):
             assert ("asyncio", waiters, streams, False, "aiogpu auto") in fanout
     assert ("asyncio", 10_000, 64, True, "aiogpu auto") in fanout
-    for floor_name in ("floor: sync last event per stream", "floor + waking the tasks (plain futures)", STREAM_ORDER_FLOOR):
+    for floor_name in (baselines.FANOUT_GPU_FLOOR, baselines.FANOUT_TASK_FLOOR, baselines.FANOUT_STREAM_ORDER_FLOOR):
         assert ("asyncio", 10_000, 64, True, floor_name) in fanout
         assert ("asyncio", 10_000, 64, False, floor_name) in fanout
     for row in result["fanout"]:  # 10,000 waiters on 64 streams share 2,944 events, or have one each
@@ -85,9 +86,6 @@ def test_the_wake_benchmark_runs_on_the_simulated_device_and_labels_it(tmp_path:
     assert (tmp_path / "wake.png").read_bytes().startswith(b"\x89PNG"), run.stdout[-500:]  # the chart
 
 
-STREAM_ORDER_FLOOR = "floor + waking each stream's tasks when it is done (plain futures)"
-
-
 class _RecordedEvent:
     """Stands in for an event in ``fanout_tasks``: a synchronize reports which tasks had run."""
 
@@ -100,15 +98,12 @@ class _RecordedEvent:
 
 @pytest.mark.asyncio
 async def test_the_stream_order_floor_runs_each_streams_tasks_before_it_looks_at_the_next() -> None:
-    from benchmarks import baselines
-
-    assert baselines.FANOUT_STREAM_ORDER_FLOOR == STREAM_ORDER_FLOOR
     log: list[tuple[int, list[bool]]] = []
     tasks: list[asyncio.Task[None]] = []
     per_stream = [[_RecordedEvent(stream, log, tasks) for _ in range(3)] for stream in range(4)]
     # Round robin, as requests spread over streams: task i awaits an event of stream i % 4.
     targets = [per_stream[i % 4][i // 4 % 3] for i in range(24)]
-    wait_all, started = baselines.fanout_tasks(STREAM_ORDER_FLOOR, targets, per_stream)  # type: ignore[arg-type]
+    wait_all, started = baselines.fanout_tasks(baselines.FANOUT_STREAM_ORDER_FLOOR, targets, per_stream)  # type: ignore[arg-type]
     tasks += started
     await wait_all()
     assert [stream for stream, _ in log] == [0, 1, 2, 3]  # the last event of each stream, in turn
