@@ -35,14 +35,9 @@ import aiogpu
 from aiogpu._driver import _check as check  # calls a cuda.bindings function, raises CudaError
 from aiogpu.testing import launch_spin
 
+from .host_costs import per_call_us
+
 ORDERING_TRIALS = 2_000
-
-
-def _per_call_us(call: Any, count: int) -> float:
-    started = time.perf_counter()
-    for _ in range(count):
-        call()
-    return (time.perf_counter() - started) / count * 1e6
 
 
 def study(device: aiogpu.Device) -> dict[str, Any]:
@@ -64,18 +59,18 @@ def study(device: aiogpu.Device) -> dict[str, Any]:
             event.record(stream)
             stream.synchronize()
             costs = {
-                "cuEventQuery (done), cuda.bindings": _per_call_us(lambda: cu.cuEventQuery(handle), 100_000),
-                "memory read of a flag": _per_call_us(lambda: words[1], 100_000),
-                "cuEventRecord, cuda.bindings": _per_call_us(lambda: cu.cuEventRecord(handle, stream_handle), 5_000),
-                "Event.record (aiogpu)": _per_call_us(lambda: event.record(stream), 5_000),
-                "cuStreamWriteValue64, cuda.bindings": _per_call_us(
-                    lambda: cu.cuStreamWriteValue64(stream_handle, flag_address + 8, 1, 0), 5_000
+                "cuEventQuery (done), cuda.bindings": per_call_us(lambda: cu.cuEventQuery(handle), 100_000, warm_up=0),
+                "memory read of a flag": per_call_us(lambda: words[1], 100_000, warm_up=0),
+                "cuEventRecord, cuda.bindings": per_call_us(lambda: cu.cuEventRecord(handle, stream_handle), 5_000, warm_up=0),
+                "Event.record (aiogpu)": per_call_us(lambda: event.record(stream), 5_000, warm_up=0),
+                "cuStreamWriteValue64, cuda.bindings": per_call_us(
+                    lambda: cu.cuStreamWriteValue64(stream_handle, flag_address + 8, 1, 0), 5_000, warm_up=0
                 ),
             }
             stream.synchronize()
             launch_spin(stream, 0.5)
             event.record(stream)
-            costs["cuEventQuery (pending), cuda.bindings"] = _per_call_us(lambda: cu.cuEventQuery(handle), 20_000)
+            costs["cuEventQuery (pending), cuda.bindings"] = per_call_us(lambda: cu.cuEventQuery(handle), 20_000, warm_up=0)
             stream.synchronize()
             result["host_us_per_call"] = costs
             for what, cost in costs.items():
