@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from types import TracebackType
 
     from ._stream import Stream
+    from ._wait._watcher import _Entry
 
 
 _record_sequence = itertools.count()
@@ -109,6 +110,7 @@ class Event:
         "_recorded",
         "_recorded_at",
         "_stream_key",
+        "_waiting",
     )
 
     _device: Device
@@ -122,6 +124,7 @@ class Event:
     _stream_key: object  # the stream of the last recording: the wake engine queues per stream
     _recorded_at: float  # time.perf_counter() of the last recording
     _record_sequence: int  # process-wide order of recordings (streams complete in this order)
+    _waiting: _Entry | None  # the wake engine's entry that new waits for this recording join
 
     def __init__(
         self,
@@ -163,6 +166,7 @@ class Event:
         self._stream_key = ("event", id(self))  # until recorded: its own queue
         self._recorded_at = time.perf_counter()
         self._record_sequence = next(_record_sequence)
+        self._waiting = None
         destroy = device._driver.event_destroy if owner is None else None  # never destroy a borrowed event
         self._lifetime = HandleLifetime(self, "Event", handle, destroy)
 

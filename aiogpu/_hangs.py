@@ -57,7 +57,7 @@ def pending_waits() -> list[PendingWait]:
         event: Event = entry.target  # type: ignore[assignment]
         stream_key = entry.target._stream_key
         stream = stream_key[1] if isinstance(stream_key, tuple) and stream_key[0] != "event" else None
-        waits.append(PendingWait(event, stream, event.device, now - entry.started, len(entry.signals), entry.mode, entry.serial))
+        waits.append(PendingWait(event, stream, event.device, now - entry.started, entry.waiters, entry.mode, entry.serial))
     return waits
 
 

@@ -205,6 +205,39 @@ class Contract:
                     latch.release()
             assert woke.is_set()
 
+    async def test_tasks_that_join_a_recording_after_others_left_it_are_woken(
+        self, device: aiogpu.Device, strategy: aiogpu.WaitStrategy
+    ) -> None:
+        # Tasks awaiting one recording share one entry of the watcher, which keeps the first
+        # task's signal apart from the others': whichever leave, first or not, are not woken,
+        # and those that join after them are (the last takes the first one's place).
+        with aiogpu.Stream(device) as stream, Latch(device) as latch:
+            latch.block(stream)
+            event = stream.record()
+            woke: list[str] = []
+            scopes = {name: anyio.CancelScope() for name in "abcd"}
+
+            async def waiter(name: str) -> None:
+                with scopes[name]:
+                    await event.wait(strategy=strategy)
+                    woke.append(name)
+
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as tg:
+                    for name in "abc":  # one at a time: "a" waits first
+                        tg.start_soon(waiter, name)
+                        await anyio.wait_all_tasks_blocked()
+                    scopes["a"].cancel()
+                    await anyio.wait_all_tasks_blocked()
+                    tg.start_soon(waiter, "d")
+                    await anyio.wait_all_tasks_blocked()
+                    scopes["c"].cancel()
+                    await anyio.wait_all_tasks_blocked()
+                    assert [wait.waiters for wait in aiogpu.pending_waits()] == [2]
+                    latch.release()
+            assert sorted(woke) == ["b", "d"]
+            event.close()
+
     async def test_a_wait_that_starts_while_the_watcher_winds_down_is_watched(
         self, device: aiogpu.Device, strategy: aiogpu.WaitStrategy
     ) -> None:

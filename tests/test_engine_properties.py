@@ -100,7 +100,7 @@ class _FakeTarget:
 class _FakeEntry:
     def __init__(self, target: _FakeTarget, waited: bool, rerecorded: bool) -> None:
         self.target = target
-        self.signals = {object(): None} if waited else {}
+        self.waiters = 1 if waited else 0
         self.generation = -1 if rerecorded else 0
 
 

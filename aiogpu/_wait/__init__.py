@@ -72,5 +72,7 @@ class WaitTarget(Protocol):
     def is_blocking_sync(self) -> bool: ...
     def _check_recorded(self, action: str) -> None: ...
 
+    _waiting: _watcher._Entry | None  # set by the engine: the entry new waits for this recording join
+
 
 wait = _watcher.wait  # ``Event.wait``
