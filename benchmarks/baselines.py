@@ -179,9 +179,11 @@ def fanout_tasks(
     it too. The stream-order floor resolves them as a waking engine does, in the order their
     work completes: a stream's tasks once its last event is done, stream after stream, each
     stream's tasks running before the next stream is synchronized, so they run while the GPU
-    finishes the rest (the least a loop can do, but for one synchronize per stream). Every waiting
-    task counts itself done on a shared countdown (``asyncio.gather`` would add a Python
-    callback per task that costs more than the wake-up being measured).
+    finishes the rest (the least a loop can do, but for one synchronize per stream). The floors
+    let go of each future once it is set, so that it is freed as its task ends, inside the timed
+    window, as an aiogpu wait's future is. Every waiting task counts itself done on a shared
+    countdown (``asyncio.gather`` would add a Python callback per task that costs more than the
+    wake-up being measured).
     """
 
     async def synchronize_last() -> None:
@@ -207,12 +209,14 @@ def fanout_tasks(
         stream_of = {id(event): index for index, events in enumerate(per_stream) for event in events}
         for target, future in zip(targets, futures, strict=True):
             by_stream[stream_of[id(target)]].append(future)
+        futures.clear()  # held by the groups now
 
     async def wake_stream_by_stream() -> None:
         for events, stream_futures in zip(per_stream, by_stream, strict=True):
             events[-1].synchronize()
             for future in stream_futures:
                 future.set_result(None)
+            stream_futures.clear()
             await asyncio.sleep(0)  # they run before the next stream is looked at
 
     async def wait_all() -> None:
@@ -220,6 +224,7 @@ def fanout_tasks(
             await synchronize_last()
             for future in futures:
                 future.set_result(None)
+            futures.clear()
         elif name == FANOUT_STREAM_ORDER_FLOOR:
             await wake_stream_by_stream()
         await countdown.done

@@ -6,6 +6,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +111,21 @@ async def test_the_stream_order_floor_runs_each_streams_tasks_before_it_looks_at
     for stream, done in log:  # every earlier stream's tasks had run, no later one's
         assert done == [i % 4 < stream for i in range(24)]
     assert all(task.done() for task in tasks)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("floor", [baselines.FANOUT_TASK_FLOOR, baselines.FANOUT_STREAM_ORDER_FLOOR])
+async def test_the_task_floors_free_each_future_as_its_task_ends(floor: str) -> None:
+    # As an aiogpu wait's future is: inside the timed window, not with the tasks afterwards.
+    per_stream = [[_RecordedEvent(stream, [], []) for _ in range(3)] for stream in range(4)]
+    targets = [per_stream[i % 4][i // 4 % 3] for i in range(24)]
+    wait_all, tasks = baselines.fanout_tasks(floor, targets, per_stream)  # type: ignore[arg-type]
+    await asyncio.sleep(0)  # every task awaits its future
+    futures = [weakref.ref(task._fut_waiter) for task in tasks]  # type: ignore[attr-defined]
+    assert all(future() is not None for future in futures)
+    await wait_all()
+    assert all(task.done() for task in tasks)
+    assert [future() for future in futures] == [None] * 24  # while wait_all and the tasks live on
 
 
 def floor_p50(result: dict[str, Any], work_us: float) -> float:

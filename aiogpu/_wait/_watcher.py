@@ -613,16 +613,33 @@ class Watcher:
         return done, pending
 
     def _complete_oldest(self, queue: _Queue, count: int, stale: list[_Entry]) -> None:
-        """The ``count`` oldest entries are done (a later recording on their stream is)."""
+        """The ``count`` oldest entries are done (a later recording on their stream is).
+
+        Completes most entries in a fan-out, so ``_complete`` is written out here: with a call
+        to it per entry, 10,000 waits on events of their own over 64 streams took 5 % longer
+        to wake (H200, uvloop, 2026-11-25, 11 rounds interleaved in one process, median of the
+        paired ratios; 23.4 against 22.5 ms median), and 1-3 % longer in the other fan-outs
+        measured with it (asyncio, shared events; one of them 10 %).
+        """
         entries = queue.entries
+        waking = self._waking
+        woken = 0
         for _ in range(count):
             entry = entries.popleft()
             if not entry.waiters:
                 continue
-            if entry.target._generation != entry.generation:
+            target = entry.target
+            if target._generation != entry.generation:
                 stale.append(entry)
-            else:
-                self._complete(entry)
+                continue
+            if target._waiting is entry:
+                target._waiting = None
+            woken += entry.waiters
+            waking.append(entry)
+            if entry.holds_handle:
+                entry.holds_handle = False
+                target._lifetime.release()
+        self._woken += woken
 
     def _plan(self, now: float) -> tuple[float, bool]:
         """When to look next (``<= now``: at once), and whether a precise wake-up is needed.
@@ -807,7 +824,8 @@ class Watcher:
 
         ``_forget`` and ``_release_handle`` written out: this runs once per completed
         recording, 10,000 times in a fan-out of waits on events of their own, where the two
-        calls cost 0.8 of 17.3 ms on a fake timeline (``_complete_oldest`` calls it)."""
+        calls cost 0.8 of 17.3 ms on a fake timeline (``_complete_oldest`` writes out this
+        too)."""
         target = entry.target
         if target._waiting is entry:
             target._waiting = None
