@@ -824,7 +824,7 @@ class Watcher:
 
         ``_forget`` and ``_release_handle`` written out: this runs once per completed
         recording, 10,000 times in a fan-out of waits on events of their own, where the two
-        calls cost 0.8 of 17.3 ms on a fake timeline (``_complete_oldest`` writes out this
+        calls cost 0.8 of 17.3 ms on a fake timeline (``_complete_oldest`` writes this out
         too)."""
         target = entry.target
         if target._waiting is entry:
