@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import ctypes
 import sys
@@ -505,41 +504,6 @@ async def test_a_sweep_that_woke_its_budget_of_tasks_lets_them_run_before_it_goe
                         pass  # no yield: the watcher's next sweep finds all three done
         assert len(pending_at_resume) == 6
         assert pending_at_resume[0] == 2, pending_at_resume  # the first stream's alone was completed
-    finally:
-        for stream in streams:
-            stream.close()
-
-
-@pytest.mark.asyncio  # not trio: its scheduler runs woken tasks in a random order on purpose
-@pytest.mark.parametrize("strategy", ["auto", "poll"])
-async def test_tasks_one_sweep_wakes_resume_in_the_order_their_waits_started(
-    device: aiogpu.Device, strategy: aiogpu.WaitStrategy
-) -> None:
-    # Waits started in turns on two streams (A, B, A, B, ...), all seen done by one sweep,
-    # resume in that order, not stream by stream (A, A, A, B, B, B) as the sweep completes
-    # them: work spread round robin over streams is how a fan-out's tasks were resumed each a
-    # cache miss away from the last.
-    streams = [aiogpu.Stream(device, nonblocking=True) for _ in range(2)]
-    try:
-        with Latch(device) as latch:
-            for stream in streams:
-                latch.block(stream)
-            events = [stream.record() for _ in range(3) for stream in streams]
-            resumed: list[int] = []
-
-            async def waiter(index: int) -> None:
-                await events[index].wait(strategy=strategy)
-                resumed.append(index)
-
-            with anyio.fail_after(20):
-                tasks = [asyncio.create_task(waiter(index)) for index in range(len(events))]
-                while sum(wait.waiters for wait in aiogpu.pending_waits()) < len(events):
-                    await anyio.lowlevel.checkpoint()
-                latch.release()
-                while not all(event.is_done for event in events):
-                    pass  # no yield: the watcher's next sweep finds them all done
-                await asyncio.gather(*tasks)
-        assert resumed == list(range(len(events)))
     finally:
         for stream in streams:
             stream.close()
