@@ -472,6 +472,50 @@ async def test_a_released_backlog_costs_a_few_queries_and_wakes_only_what_is_don
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("strategy", ["auto", "poll"])
+async def test_once_a_backlog_is_found_done_the_next_streams_are_asked_their_newest_first(
+    sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch, strategy: aiogpu.WaitStrategy
+) -> None:
+    # Eight streams with five waits each, released at once: the first stream swept is asked its
+    # head, the next wait and its newest; its newest was done, so the loop is behind the GPU
+    # and every other stream is asked its newest alone (one query, not three). Counted: the
+    # waits between head and newest asked about (a close watch may ask a head again and again).
+    queried: set[int] = set()
+    query = sim.event_query
+
+    def counted(event: int) -> bool:
+        queried.add(event)
+        return query(event)
+
+    streams = [aiogpu.Stream(sim.device(0)) for _ in range(8)]
+    try:
+        works = [sim.launch(stream) for stream in streams]
+        events = [[stream.record() for _ in range(5)] for stream in streams]
+        woke: list[aiogpu.Event] = []
+
+        async def waiter(event: aiogpu.Event) -> None:
+            await event.wait(strategy=strategy)
+            woke.append(event)
+
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:
+                for row in events:
+                    for event in row:
+                        tg.start_soon(waiter, event)
+                await anyio.wait_all_tasks_blocked()
+                monkeypatch.setattr(sim, "event_query", counted)
+                for work in works:
+                    work.release()
+        assert len(woke) == 40
+        middles_asked = [sum(event._handle in queried for event in row[1:-1]) for row in events]
+        assert sum(1 for asked in middles_asked if asked) <= 1, middles_asked
+        assert all(row[-1]._handle in queried for row in events)
+    finally:
+        for stream in streams:
+            stream.close()
+
+
+@pytest.mark.anyio
 @pytest.mark.parametrize("strategy", ["auto", "poll", "thread"])
 async def test_a_sweep_that_woke_its_budget_of_tasks_lets_them_run_before_it_goes_on(
     device: aiogpu.Device, monkeypatch: pytest.MonkeyPatch, strategy: aiogpu.WaitStrategy

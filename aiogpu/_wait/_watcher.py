@@ -291,6 +291,9 @@ class Watcher:
         self._auto_watched: set[_Queue] = set()  # queues whose ``auto`` head the watch queries
         self._woken = 0  # waiting tasks woken by the current sweep
         self._waking: list[_Entry] = []  # completed, their tasks not yet woken (``_wake``)
+        # The last burst search found its stream's newest wait done: the loop is behind the GPU
+        # (a released backlog), so the next stream with a backlog is asked about its newest first.
+        self._behind = False
 
     # -- the waiting task's side (``wait`` below) ---------------------------------------------
     def pending(self) -> list[_Entry]:
@@ -493,7 +496,8 @@ class Watcher:
 
         A burst (two done in a row) asks about the newest entry next, then bisects: a wait found
         done means everything recorded before it on the stream is done too, so a backlog of
-        thousands costs a dozen queries, not one each.
+        thousands costs a dozen queries, not one each. While the loop is behind the GPU, a
+        backlog's newest entry is asked first (``_all_done``).
         """
         entries = queue.entries
         popped = completed = False
@@ -525,11 +529,15 @@ class Watcher:
                     done = True  # the head's waiter thread saw it complete: no need to ask again
                 elif entry is known_pending:
                     done = False
+                elif self._behind and not tail_asked and len(entries) > 2 and self._all_done(queue, now, stale):
+                    tail_asked = completed = popped = True  # ``_all_done`` learned from the head
+                    continue
                 else:
                     done = target._driver.event_query(target._handle)
                 if done and in_a_row and not tail_asked and len(entries) > 2:
                     tail_asked = True
                     last, pending = self._last_done(entries)
+                    self._behind = pending is None
                     if pending is not None:
                         known_pending = entries[pending]
                     if last:
@@ -556,6 +564,29 @@ class Watcher:
             self._new_head(queue, now, after_progress=completed)
         for entry in stale:
             self._rekey(entry, now)
+
+    def _all_done(self, queue: _Queue, now: float, stale: list[_Entry]) -> bool:
+        """While the loop is behind the GPU: ask the queue's newest entry first, and complete
+        every entry if it is done (one query for the stream, not the head's, the next one's and
+        then the newest's). Found pending, it ends the guess: one query wasted.
+
+        Interleaved with asking the head first on an H200 (driver 580.159.04, 2026-11-25, two
+        runs of 15 rounds of the 10,000 x 64 fan-outs, median of the paired ratios), it took
+        0.94-0.99 and 0.91-1.01 of the time in the eight cases (own and shared events, asyncio
+        and uvloop, ``auto`` and ``poll``), faster in 15 of the 16: a released fan-out's queries
+        cost about 3 µs each, and most of its streams are done before the sweep reaches them.
+        """
+        entries = queue.entries
+        newest = entries[-1]
+        target = newest.target
+        if not newest.waiters or target._generation != newest.generation:
+            return False  # not waited for as recorded: the usual search sorts it out
+        if not target._driver.event_query(target._handle):
+            self._behind = False
+            return False
+        self._learn(queue, now)
+        self._complete_oldest(queue, len(entries), stale)
+        return True
 
     @staticmethod
     def _last_done(entries: deque[_Entry]) -> tuple[int, int | None]:
