@@ -425,6 +425,19 @@ def test_beats_come_every_warm_beat_from_the_end_of_the_long_sleep_to_the_close_
     assert _watcher._warm_beat(1.0, 1.0 + span) == 1.0 + beat  # within the span: beating already
 
 
+def _asked_from_now_on(sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch) -> set[int]:
+    """The events the simulated driver is asked about from now on (filled in as it is asked)."""
+    queried: set[int] = set()
+    query = sim.event_query
+
+    def counted(event: int) -> bool:
+        queried.add(event)
+        return query(event)
+
+    monkeypatch.setattr(sim, "event_query", counted)
+    return queried
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize("strategy", ["auto", "poll", "thread", "callback"])
 async def test_a_released_backlog_costs_a_few_queries_and_wakes_only_what_is_done(
@@ -435,13 +448,6 @@ async def test_a_released_backlog_costs_a_few_queries_and_wakes_only_what_is_don
     # and once two in a row are seen done the newest is asked, so the backlog is not queried
     # one by one. (Counted: the events asked about. A close watch asks about its head again
     # and again for as long as it lasts, which depends on the machine's speed.)
-    queried: set[int] = set()
-    query = sim.event_query
-
-    def counted(event: int) -> bool:
-        queried.add(event)
-        return query(event)
-
     with aiogpu.Stream(sim.device(0)) as stream:
         first_work = sim.launch(stream)
         events = [stream.record() for _ in range(150)]
@@ -461,7 +467,7 @@ async def test_a_released_backlog_costs_a_few_queries_and_wakes_only_what_is_don
                 for index in range(len(events)):
                     tg.start_soon(waiter, index)
                 await anyio.wait_all_tasks_blocked()
-                monkeypatch.setattr(sim, "event_query", counted)
+                queried = _asked_from_now_on(sim, monkeypatch)
                 first_work.release()
                 await first_half.wait()
                 assert woke == set(range(150))
@@ -480,13 +486,6 @@ async def test_once_a_backlog_is_found_done_the_next_streams_are_asked_their_new
     # head, the next wait and its newest; its newest was done, so the loop is behind the GPU
     # and every other stream is asked its newest alone (one query, not three). Counted: the
     # waits between head and newest asked about (a close watch may ask a head again and again).
-    queried: set[int] = set()
-    query = sim.event_query
-
-    def counted(event: int) -> bool:
-        queried.add(event)
-        return query(event)
-
     streams = [aiogpu.Stream(sim.device(0)) for _ in range(8)]
     try:
         works = [sim.launch(stream) for stream in streams]
@@ -503,7 +502,7 @@ async def test_once_a_backlog_is_found_done_the_next_streams_are_asked_their_new
                     for event in row:
                         tg.start_soon(waiter, event)
                 await anyio.wait_all_tasks_blocked()
-                monkeypatch.setattr(sim, "event_query", counted)
+                queried = _asked_from_now_on(sim, monkeypatch)
                 for work in works:
                     work.release()
         assert len(woke) == 40
