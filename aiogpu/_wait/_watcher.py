@@ -530,7 +530,7 @@ class Watcher:
                 elif entry is known_pending:
                     done = False
                 elif self._behind and not tail_asked and len(entries) > 2 and self._all_done(queue, now, stale):
-                    tail_asked = completed = popped = True  # ``_all_done`` learned from the head
+                    completed = popped = True  # every entry, learning from the head: the loop ends
                     continue
                 else:
                     done = target._driver.event_query(target._handle)
