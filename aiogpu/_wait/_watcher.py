@@ -875,7 +875,9 @@ class Watcher:
         process on an H200 (driver 580.159.04, 2026-11-25, 21 rounds of the 10,000 x 64
         fan-outs, median of the paired ratios), waking unsorted took 0.92-0.98 of the time in
         seven of the eight cases (own and shared events, asyncio and uvloop, ``auto`` and
-        ``poll``) and 1.004 in the eighth.
+        ``poll``) and 1.004 in the eighth. Nor did holding each stream's completed entries to
+        wake the oldest waits first across the streams: the tasks ran faster, the sweeps slower
+        by more (1.02-1.83 times the time, five variants; the README's fan-out section).
         """
         waking = self._waking
         for entry in waking:
