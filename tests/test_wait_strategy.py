@@ -1038,7 +1038,7 @@ async def _thread_wait_pokes(sim: SimulatedDriver, monkeypatch: pytest.MonkeyPat
 
     pokes = 0
     poked = threading.Event()
-    poke = _watcher.Watcher._poke
+    poke = _watcher.Watcher._poke_in_callback
 
     def counted(self: _watcher.Watcher) -> None:
         nonlocal pokes
@@ -1055,7 +1055,7 @@ async def _thread_wait_pokes(sim: SimulatedDriver, monkeypatch: pytest.MonkeyPat
         work = sim.launch(stream)
         event.record(stream)
         _predict.for_stream(event._stream_key).estimate = estimate
-        monkeypatch.setattr(_watcher.Watcher, "_poke", counted)
+        monkeypatch.setattr(_watcher.Watcher, "_poke_in_callback", counted)
         watching.clear()
         with anyio.fail_after(10):
             async with anyio.create_task_group() as tg:

@@ -56,7 +56,7 @@ from ._strategy import WaitStrategy, check_strategy
 if TYPE_CHECKING:
     from collections.abc import Generator
 
-    from .._loop import Backend, Signal
+    from .._loop import Backend, Park, Signal
     from . import WaitTarget
 
 #: Strategies that never watch on the loop: a thread or the driver tells the loop when to look.
@@ -284,7 +284,7 @@ class Watcher:
         self._idle_queues: dict[object, _Queue] = {}  # streams waited on lately, oldest first
         self._running = False
         self._system_task: object = None  # the system task driving the watcher, until it stops it
-        self._park_signal: Signal | None = None
+        self._parked: Park | None = None  # where the driving task sleeps, while it does
         self._listening = False  # to the doorbell
         self._lateness: deque[float] = deque(maxlen=LATENESS_WINDOW)  # of precise wake-ups (s)
         self._lateness_max = 0.0  # the largest of them: read by every ``auto`` head's plan
@@ -711,31 +711,37 @@ class Watcher:
         return wake_at, precise
 
     async def _park(self, now: float, wake_at: float, precise: bool) -> None:
-        signal = self._park_signal = self._backend.new_signal()
+        park = self._parked = self._backend.new_park()
         handle = None
         try:
             if precise:
                 beat_at = _warm_beat(now, wake_at)
                 handle = _timer.timer().call_at(beat_at, self._poke_threadsafe)
-                await signal
+                await park
                 late = time.perf_counter() - wake_at
                 if 0 <= late <= LATENESS_MAX:  # woken by the timer (a beat or the last), not by a completion or a new wait
                     self._lateness.append(late)
                     self._lateness_max = max(self._lateness)
             else:
-                await self._backend.wait_signal(signal, wake_at - now)
+                await self._backend.sleep_in_park(park, wake_at - now)
         finally:
-            self._park_signal = None
+            self._parked = None
             if handle is not None:
                 _timer.timer().cancel(handle)
 
     def _poke(self) -> None:
-        """Look again now (loop thread): a new wait, a thread saw a completion, a timer fired."""
-        if self._park_signal is not None:
-            _loop.set_signal(self._park_signal)
+        """Look again now (loop thread, a task's step: a new wait)."""
+        if self._parked is not None:
+            _loop.set_signal(self._parked)
+
+    def _poke_in_callback(self) -> None:
+        """Look again now, from a loop callback of its own (a thread saw a completion, a timer
+        fired): on asyncio the driving task resumes in this callback, not on the next iteration."""
+        if self._parked is not None:
+            self._parked.wake_in_callback()
 
     def _poke_threadsafe(self) -> None:
-        self._backend.waker(self._poke)
+        self._backend.waker(self._poke_in_callback)
 
     # -- per-queue bookkeeping ----------------------------------------------------------------
     def _new_head(self, queue: _Queue, now: float, *, after_progress: bool = False) -> None:

@@ -1,0 +1,139 @@
+"""The asyncio park, where the task that drives a watcher sleeps: woken from a loop callback of
+its own (a thread's poke, a timer), it resumes its task right in that callback, one loop
+iteration sooner than a future would; woken from a task, or cancelled, it behaves as a future."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import threading
+
+import pytest
+
+import aiogpu
+from aiogpu import _loop
+from aiogpu.testing import SimulatedDriver
+
+who = contextvars.ContextVar("who", default="nobody")
+
+
+async def _parked(park: _loop.Park, resumed: list[str]) -> None:
+    who.set("the parked task")
+    await park
+    resumed.append(who.get())
+
+
+async def _park_with_a_task() -> tuple[_loop.Park, list[str], asyncio.Task[None]]:
+    park = _loop.AsyncioBackend(asyncio.get_running_loop()).new_park()
+    resumed: list[str] = []
+    task = asyncio.create_task(_parked(park, resumed))
+    await asyncio.sleep(0)
+    assert not resumed, "the task should be parked"
+    return park, resumed, task
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("scheduled_by", ["call_soon", "call_soon_threadsafe from a thread", "call_later"])
+async def test_a_park_woken_in_a_callback_resumes_its_task_within_that_callback(scheduled_by: str) -> None:
+    park, resumed, task = await _park_with_a_task()
+    seen_after_waking: list[list[str]] = []
+
+    def callback() -> None:
+        park.wake_in_callback()
+        seen_after_waking.append(list(resumed))
+
+    loop = asyncio.get_running_loop()
+    if scheduled_by == "call_soon":
+        loop.call_soon(callback)
+    elif scheduled_by == "call_later":
+        loop.call_later(1e-3, callback)
+    else:
+        thread = threading.Thread(target=loop.call_soon_threadsafe, args=(callback,))
+        thread.start()
+        thread.join()
+    await asyncio.wait_for(task, 10)
+    # The task ran in its own context (not the callback's) before the callback went on.
+    assert seen_after_waking == [["the parked task"]]
+    assert park.done()
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("wake", ["set_signal", "wake_in_callback"])
+async def test_a_park_woken_from_a_task_resumes_its_task_on_the_next_iteration(wake: str) -> None:
+    # Running one task's step inside another's is an error for asyncio: never nested.
+    park, resumed, task = await _park_with_a_task()
+    if wake == "set_signal":
+        _loop.set_signal(park)
+    else:
+        park.wake_in_callback()
+    assert resumed == []
+    await asyncio.wait_for(task, 10)
+    assert resumed == ["the parked task"]
+
+
+@pytest.mark.asyncio
+async def test_a_parked_task_cancelled_gets_cancelled_error_with_its_message() -> None:
+    park, resumed, task = await _park_with_a_task()
+    task.cancel("shutting down")
+    with pytest.raises(asyncio.CancelledError, match="shutting down"):
+        await task
+    assert park.cancelled()
+    assert resumed == []
+    park.wake_in_callback()  # a poke that comes too late is nothing
+    _loop.set_signal(park)
+
+
+@pytest.mark.asyncio
+async def test_a_park_woken_before_it_is_awaited_does_not_suspend() -> None:
+    park = _loop.AsyncioBackend(asyncio.get_running_loop()).new_park()
+    park.wake_in_callback()
+    await park
+    assert park.done()
+    assert not park.cancelled()
+    with pytest.raises(asyncio.InvalidStateError, match="woken already"):
+        park.set_result(None)
+
+
+@pytest.mark.asyncio
+async def test_only_one_task_may_await_a_park() -> None:
+    park, _, task = await _park_with_a_task()
+    second = asyncio.create_task(_parked(park, []))
+    with pytest.raises(RuntimeError, match="only one task may await a park"):
+        await second
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+@pytest.mark.asyncio
+async def test_a_lone_thread_wait_returns_within_the_callback_of_its_threads_poke(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The thread strategy's wake-up path: the waiter thread sees the completion and schedules a
+    # poke; the waiting task (driving the watcher itself) resumes, finds its wait done and
+    # returns from it before that callback ends, not on another loop iteration.
+    from aiogpu._wait import _watcher
+
+    monkeypatch.setitem(_watcher.COLD_POLL, "thread", (60.0, 60.0))  # the loop never asks itself
+    returned = threading.Event()
+    returned_within_poke: list[bool] = []
+    poke = _watcher.Watcher._poke_in_callback
+
+    def observed(self: _watcher.Watcher) -> None:
+        before = returned.is_set()
+        poke(self)
+        returned_within_poke.append(not before and returned.is_set())
+
+    monkeypatch.setattr(_watcher.Watcher, "_poke_in_callback", observed)
+    sim = SimulatedDriver()
+    with aiogpu.Stream(sim.device(0)) as stream:
+        work = sim.launch(stream)
+        event = stream.record()
+
+        async def wait() -> None:
+            await event.wait(strategy="thread")
+            returned.set()
+
+        task = asyncio.create_task(wait())
+        await asyncio.sleep(0)
+        work.release()
+        await asyncio.wait_for(task, 10)
+    assert returned_within_poke[-1:] == [True], returned_within_poke
