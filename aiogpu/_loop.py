@@ -1,8 +1,9 @@
 """The little that differs between asyncio (and uvloop) and trio, behind one small interface.
 
 - ``Signal``: a one-shot wake-up a task can await, set from the loop thread: future-like
-  (``set_result(None)``, ``done()``), so that on asyncio it is the loop's own future, with
-  nothing around it (10,000 of them are set in a fan-out).
+  (``set_result(None)``, ``done()``). On asyncio's own loops a park (below), whose tasks woken
+  together resume in one callback (10,000 of them are set in a fan-out); on uvloop the loop's
+  own future, with nothing around it.
 - ``Backend.waker``: a thread-safe, non-blocking "run this soon on the loop". Foreign threads
   (aiogpu's waiter and timer threads) may only *schedule* a call on the loop: never run user
   code, never raise, never block. ``anyio.from_thread.run_sync`` is not an option: it waits
@@ -11,7 +12,7 @@
 - ``Backend.spawn_system_task``: a background task that belongs to the loop, not to a user task.
 - ``Park``: where the task that drives a watcher sleeps. A ``Signal`` that can also be woken
   from a loop callback outside every task (``wake_in_callback``: a thread's poke, a timer), and
-  on asyncio then resumes its task right there (``_AsyncioPark``).
+  on asyncio and uvloop then resumes its task right there (``_AsyncioPark``).
 
 Which library runs the calling code is what trio says through sniffio (``in_trio_task``), read
 defensively: trio or sniffio may be half-imported by another thread.
@@ -64,6 +65,11 @@ class AsyncioBackend:
         # strong reference from it would keep every loop that ever awaited an event alive.
         self._loop = weakref.ref(loop)
         self._tasks: set[asyncio.Task[None]] = set()  # strong references to system tasks
+        # asyncio's own loops schedule a callback in Python (a ``Handle`` and its run, ~1 µs
+        # each): their waiting tasks park (``_AsyncioPark``), and those woken together resume
+        # in one callback. uvloop schedules in C, where a future is as quick and cheaper to make.
+        self._parks_for_signals = isinstance(loop, asyncio.BaseEventLoop)
+        self._to_resume: list[_AsyncioPark] = []
 
     def waker(self, callback: Callable[[], object]) -> None:
         try:
@@ -79,10 +85,38 @@ class AsyncioBackend:
         return loop
 
     def new_signal(self) -> Signal:
-        return self._loop().create_future()  # type: ignore[union-attr]  # (on every wait: no call more)
+        loop = self._loop()
+        if self._parks_for_signals:
+            return _AsyncioPark(loop, self)  # type: ignore[arg-type]
+        return loop.create_future()  # type: ignore[union-attr]
 
     def new_park(self) -> Park:
-        return _AsyncioPark(self._running_loop())
+        return _AsyncioPark(self._running_loop(), self)
+
+    def resume_soon(self, park: _AsyncioPark) -> None:
+        """Resume ``park``'s task on the loop's next iteration, in one callback with every other
+        park woken until then (loop thread)."""
+        to_resume = self._to_resume
+        to_resume.append(park)
+        if len(to_resume) == 1:
+            park._loop.call_soon(self._resume_parked)
+
+    def _resume_parked(self) -> None:
+        to_resume, self._to_resume = self._to_resume, []
+        position = 0
+        try:
+            for position, park in enumerate(to_resume, 1):  # noqa: B007 (read if a task raises)
+                wakeup = park._wakeup  # ``_resume`` written out: once per woken task
+                if wakeup is not None:  # (else cancelled meanwhile: its wake-up is scheduled already)
+                    park._wakeup = None
+                    wakeup[1].run(wakeup[0], park)
+        except BaseException:  # KeyboardInterrupt in a task: the others still resume, later
+            rest = to_resume[position:]
+            if rest:
+                if not self._to_resume:
+                    rest[0]._loop.call_soon(self._resume_parked)
+                self._to_resume[:0] = rest
+            raise
 
     def spawn_system_task(self, function: Callable[[], Awaitable[None]], ended: Callable[[object], None]) -> object:
         """Returns the task; ``ended(task)`` is called once it is done, however it ended (a task
@@ -108,67 +142,73 @@ _PENDING, _WOKEN, _CANCELLED = range(3)
 
 
 class _AsyncioPark:
-    """An asyncio park: a future of the duck-typed kind asyncio's tasks accept
-    (``asyncio.isfuture``) for one task to await, with one thing a future cannot do.
+    """Where one asyncio task waits to be woken: a future of the duck-typed kind asyncio's tasks
+    accept (``asyncio.isfuture``), which resumes its task itself rather than scheduling a
+    callback that does.
 
-    A future's ``set_result`` schedules its task's wake-up, which then runs on the loop's next
-    iteration. Woken by ``wake_in_callback`` — a waiter thread's poke, the timer thread's, a
-    loop timer, each run by the loop as a callback of its own — this runs the task's wake-up
-    right there instead, as the callback the loop would have run next: one iteration less
-    between the GPU's completion and the waiting task. An asyncio iteration after the loop
-    slept costs ~6 µs (uvloop's well under 1), the larger part of the ``thread`` strategy's
-    wake-up after the thread's own hop.
+    A future's ``set_result`` schedules its task's wake-up, a callback of its own (on asyncio's
+    own loops a ``Handle``, made and run in Python), run on the loop's next iteration. A park
+    instead holds its task's wake-up and runs it:
+
+    - from ``set_result`` (the loop thread, a task's step included), on the loop's next
+      iteration, in one callback with every other park woken meanwhile
+      (``AsyncioBackend.resume_soon``): a sweep wakes hundreds of tasks at once;
+    - from ``wake_in_callback`` (a loop callback of its own: a waiter thread's poke, the timer
+      thread's, a loop timer), right there: one iteration less between the GPU's completion
+      and the watcher's driver (an asyncio iteration after the loop slept costs ~6 µs).
+
+    ``await`` yields it through a tuple's iterator, not a generator: no frame of its own to
+    resume on the wake-up. Cancelled (``Task.cancel``), it behaves as a future does.
     """
 
-    __slots__ = ("_asyncio_future_blocking", "_cancel_message", "_loop", "_state", "_wakeup")
+    __slots__ = ("_asyncio_future_blocking", "_backend", "_cancel_message", "_loop", "_state", "_wakeup")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, backend: AsyncioBackend) -> None:
         self._loop = loop
+        self._backend = backend
         self._asyncio_future_blocking = False  # True while a task is to park on it (the protocol)
         self._state = _PENDING
         self._wakeup: tuple[Callable[[Any], object], contextvars.Context] | None = None
-        self._cancel_message: object = None
+
+    def set_result(self, result: None, /) -> None:
+        if self._state != _PENDING:
+            raise asyncio.InvalidStateError("the park was woken already")
+        self._state = _WOKEN
+        if self._wakeup is not None:  # else whoever awaits it finds it done
+            to_resume = self._backend._to_resume  # ``resume_soon`` written out: once per woken task
+            to_resume.append(self)
+            if len(to_resume) == 1:
+                self._loop.call_soon(self._backend._resume_parked)
 
     def wake_in_callback(self) -> None:
         if self._state != _PENDING:
             return
         self._state = _WOKEN
-        wakeup = self._wakeup
-        if wakeup is None:  # not awaited (yet): whoever awaits it finds it done
+        if self._wakeup is None:
             return
         if asyncio.current_task(self._loop) is not None:  # not in a callback of its own after all
-            self._schedule_wakeup()
-            return
-        self._wakeup = None
-        callback, context = wakeup
-        context.run(callback, self)
+            self._backend.resume_soon(self)
+        else:
+            self._resume()
 
-    def set_result(self, result: None, /) -> None:
-        """Wake it from the loop thread, a task's step included: its task resumes on the loop's
-        next iteration, as it would from a future's."""
-        if self._state != _PENDING:
-            raise asyncio.InvalidStateError("the park was woken already")
-        self._state = _WOKEN
-        self._schedule_wakeup()
-
-    def _schedule_wakeup(self) -> None:
-        if self._wakeup is not None:
-            callback, context = self._wakeup
+    def _resume(self) -> None:
+        wakeup = self._wakeup
+        if wakeup is not None:  # (else cancelled meanwhile: its wake-up is scheduled already)
             self._wakeup = None
-            self._loop.call_soon(callback, self, context=context)
+            callback, context = wakeup
+            context.run(callback, self)
 
     def done(self) -> bool:
         return self._state != _PENDING
 
     def __await__(self) -> Generator[Any, None, None]:
-        if self._state == _PENDING:
-            if self._wakeup is not None:  # here, not in add_done_callback: a task would hang
-                raise RuntimeError("only one task may await a park")
-            self._asyncio_future_blocking = True
-            yield self  # the task calls add_done_callback, and result() when woken
-        self.result()
-
-    __iter__ = __await__
+        if self._state != _PENDING:
+            self.result()
+            return iter(())  # type: ignore[return-value]
+        if self._wakeup is not None:
+            raise RuntimeError("only one task may await a park")
+        self._asyncio_future_blocking = True
+        return iter((self,))  # type: ignore[return-value]  # the task calls add_done_callback, and result() when woken
 
     # -- the rest of the future protocol, as asyncio's tasks use it ---------------------------
     def get_loop(self) -> asyncio.AbstractEventLoop:
@@ -193,7 +233,10 @@ class _AsyncioPark:
             return False
         self._state = _CANCELLED
         self._cancel_message = msg
-        self._schedule_wakeup()
+        if self._wakeup is not None:
+            callback, context = self._wakeup
+            self._wakeup = None
+            self._loop.call_soon(callback, self, context=context)
         return True
 
     def cancelled(self) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import threading
+from typing import Any
 
 import pytest
 
@@ -137,3 +138,74 @@ async def test_a_lone_thread_wait_returns_within_the_callback_of_its_threads_pok
         work.release()
         await asyncio.wait_for(task, 10)
     assert returned_within_poke[-1:] == [True], returned_within_poke
+
+
+@pytest.mark.asyncio
+async def test_parks_woken_together_resume_in_one_callback_in_the_order_woken(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A sweep wakes hundreds of tasks at once: on asyncio's own loops a scheduled callback is a
+    # Handle made and run in Python, so they resume in one, not one each.
+    loop = asyncio.get_running_loop()
+    backend = _loop.AsyncioBackend(loop)
+    parks = [backend.new_park() for _ in range(5)]
+    resumed: list[int] = []
+
+    async def parked(index: int) -> None:
+        await parks[index]
+        resumed.append(index)
+
+    tasks = [asyncio.create_task(parked(index)) for index in range(5)]
+    await asyncio.sleep(0)
+    scheduled: list[object] = []
+    call_soon = loop.call_soon
+
+    def counted(callback: Any, *args: Any, **kwargs: Any) -> asyncio.Handle:
+        scheduled.append(callback)
+        return call_soon(callback, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "call_soon", counted)
+    for index in (3, 1, 4, 0, 2):
+        parks[index].set_result(None)
+    monkeypatch.undo()
+    assert len(scheduled) == 1
+    await asyncio.wait_for(asyncio.gather(*tasks), 10)
+    assert resumed == [3, 1, 4, 0, 2]
+
+
+def test_a_task_that_raises_keyboard_interrupt_as_it_resumes_does_not_strand_the_others() -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        backend = _loop.AsyncioBackend(loop)
+        parks = [backend.new_park() for _ in range(3)]
+        resumed: list[int] = []
+
+        async def parked(index: int) -> None:
+            await parks[index]
+            if index == 0:
+                raise KeyboardInterrupt
+            resumed.append(index)
+
+        tasks = [loop.create_task(parked(index)) for index in range(3)]
+
+        async def wake_all() -> None:
+            for park in parks:
+                park.set_result(None)  # they resume in one callback, task 0 first
+
+        with pytest.raises(KeyboardInterrupt):
+            loop.run_until_complete(wake_all())
+        assert isinstance(tasks[0].exception(), KeyboardInterrupt)
+        loop.run_forever()  # one iteration: the stop that run_until_complete had scheduled comes next
+        assert resumed == [1, 2]
+        assert all(task.done() for task in tasks[1:])
+    finally:
+        loop.close()
+
+
+@pytest.mark.asyncio
+async def test_a_task_cancelled_after_its_park_was_woken_ends_cancelled() -> None:
+    park, resumed, task = await _park_with_a_task()
+    park.set_result(None)
+    assert task.cancel()  # woken, not resumed yet: the task is cancelled as it resumes
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert resumed == []
+    assert not park.cancelled()

@@ -884,6 +884,10 @@ class Watcher:
         ``poll``) and 1.004 in the eighth. Nor did holding each stream's completed entries to
         wake the oldest waits first across the streams: the tasks ran faster, the sweeps slower
         by more (1.02-1.83 times the time, five variants; the README's fan-out section).
+
+        On asyncio's own loops the tasks woken here resume together in one callback on the
+        loop's next iteration (their signals are parks: ``_loop._AsyncioPark``), not one
+        scheduled callback each.
         """
         waking = self._waking
         for entry in waking:
@@ -995,7 +999,7 @@ async def wait(target: WaitTarget, *, strategy: WaitStrategy | None = None) -> N
     try:
         if not driving:
             watcher._poke()
-            await signal  # on asyncio the loop's future itself: no frame more on the wake-up
+            await signal  # a park or the loop's future itself: no frame more on the wake-up
         else:  # nobody watches: this task does, so its own wake-up costs no hand-off
             watcher._running = True
             try:
