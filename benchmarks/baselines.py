@@ -179,9 +179,9 @@ def fanout_tasks(
     it too. The stream-order floor resolves them as a waking engine does, in the order their
     work completes: a stream's tasks once its last event is done, stream after stream, each
     stream's tasks running before the next stream is synchronized, so they run while the GPU
-    finishes the rest (the least a loop can do, but for one synchronize per stream). The floors
-    let go of each future once it is set, so that it is freed as its task ends, inside the timed
-    window, as an aiogpu wait's future is. Every waiting task counts itself done on a shared
+    finishes the rest (the least a loop can do through futures, but for one synchronize per
+    stream). The floors let go of each future once it is set, so that it is freed as its task
+    ends, inside the timed window, as an aiogpu wait's future is. Every waiting task counts itself done on a shared
     countdown (``asyncio.gather`` would add a Python callback per task that costs more than the
     wake-up being measured).
     """
