@@ -1,11 +1,13 @@
-"""The asyncio park, where the task that drives a watcher sleeps: woken from a loop callback of
-its own (a thread's poke, a timer), it resumes its task right in that callback, one loop
-iteration sooner than a future would; woken from a task, or cancelled, it behaves as a future."""
+"""The asyncio park, where a task waits to be woken: woken from a loop callback of its own (a
+thread's poke, a timer), it resumes its task right in that callback, one loop iteration sooner
+than a future would; woken from a task, it resumes its task on the next iteration, in one
+callback with every other park woken meanwhile; cancelled, it behaves as a future."""
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
+import sys
 import threading
 from typing import Any
 
@@ -209,3 +211,39 @@ async def test_a_task_cancelled_after_its_park_was_woken_ends_cancelled() -> Non
         await task
     assert resumed == []
     assert not park.cancelled()
+
+
+@pytest.mark.asyncio
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="eager tasks are Python 3.12's")
+@pytest.mark.parametrize("strategy", ["auto", "thread"])
+async def test_waits_of_eager_tasks_wake(strategy: aiogpu.WaitStrategy) -> None:
+    # An eager task runs its first step inside the code that creates it: here, inside the steps
+    # of tasks that parks resume (each starts another waiter as it wakes).
+    loop = asyncio.get_running_loop()
+    if not isinstance(loop, asyncio.BaseEventLoop):
+        pytest.skip("uvloop passes an argument asyncio's eager task factory does not take")
+    loop.set_task_factory(asyncio.eager_task_factory)  # type: ignore[attr-defined]
+    try:
+        sim = SimulatedDriver()
+        with aiogpu.Stream(sim.device(0)) as stream:
+            work = sim.launch(stream)
+            events = [stream.record() for _ in range(20)]
+            woken: list[int] = []
+            tasks: list[asyncio.Task[None]] = []
+
+            async def wait(index: int) -> None:
+                await events[index % 20].wait(strategy=strategy)
+                woken.append(index)
+                if index < 20:
+                    tasks.append(asyncio.create_task(wait(index + 20)))  # eager: waits at once
+
+            tasks += [asyncio.create_task(wait(index)) for index in range(20)]
+            work.release()
+            while len(tasks) < 40:
+                await asyncio.wait_for(asyncio.gather(*tasks), 10)
+            await asyncio.wait_for(asyncio.gather(*tasks), 10)
+            assert sorted(woken) == list(range(40))
+            for event in events:
+                event.close()
+    finally:
+        loop.set_task_factory(None)
