@@ -12,7 +12,7 @@
 - ``Backend.spawn_system_task``: a background task that belongs to the loop, not to a user task.
 - ``Park``: where the task that drives a watcher sleeps. A ``Signal`` that can also be woken
   from a loop callback outside every task (``wake_in_callback``: a thread's poke, a timer), and
-  on asyncio and uvloop then resumes its task right there (``_AsyncioPark``).
+  on asyncio and uvloop then resumes its task right there (``_AsyncioPark``, a future).
 
 Which library runs the calling code is what trio says through sniffio (``in_trio_task``), read
 defensively: trio or sniffio may be half-imported by another thread.
@@ -69,7 +69,9 @@ class AsyncioBackend:
         # each): their waiting tasks park (``_AsyncioPark``), and those woken together resume
         # in one callback. uvloop schedules in C, where a future is as quick and cheaper to make.
         self._parks_for_signals = isinstance(loop, asyncio.BaseEventLoop)
-        self._to_resume: list[_AsyncioPark] = []
+        # The parks to resume on the loop's next iteration: held by the loop's callback that
+        # resumes them, and only weakly here, so that a loop closed before running it is freed.
+        self._batch: Callable[[], _Batch | None] = _no_batch
 
     def waker(self, callback: Callable[[], object]) -> None:
         try:
@@ -96,26 +98,26 @@ class AsyncioBackend:
     def resume_soon(self, park: _AsyncioPark) -> None:
         """Resume ``park``'s task on the loop's next iteration, in one callback with every other
         park woken until then (loop thread)."""
-        to_resume = self._to_resume
-        to_resume.append(park)
-        if len(to_resume) == 1:
-            park._loop.call_soon(self._resume_parked)
+        batch = self._batch()
+        if batch is None:
+            batch = _Batch()
+            self._running_loop().call_soon(self._resume_batch, batch)  # first: it may raise
+            self._batch = weakref.ref(batch)
+        batch.append(park)
 
-    def _resume_parked(self) -> None:
-        to_resume, self._to_resume = self._to_resume, []
+    def _resume_batch(self, batch: _Batch) -> None:
+        if self._batch() is batch:
+            self._batch = _no_batch
         position = 0
         try:
-            for position, park in enumerate(to_resume, 1):  # noqa: B007 (read if a task raises)
-                wakeup = park._wakeup  # ``_resume`` written out: once per woken task
-                if wakeup is not None:  # (else cancelled meanwhile: its wake-up is scheduled already)
+            for position, park in enumerate(batch):  # noqa: B007 (read if a task raises)
+                wakeup = park._wakeup
+                if wakeup is not None:  # (None: resumed before this batch was restarted)
                     park._wakeup = None
                     wakeup[1].run(wakeup[0], park)
         except BaseException:  # KeyboardInterrupt in a task: the others still resume, later
-            rest = to_resume[position:]
-            if rest:
-                if not self._to_resume:
-                    rest[0]._loop.call_soon(self._resume_parked)
-                self._to_resume[:0] = rest
+            for park in batch[position:]:  # from the one that raised (or was next: skipped)
+                self.resume_soon(park)
             raise
 
     def spawn_system_task(self, function: Callable[[], Awaitable[None]], ended: Callable[[object], None]) -> object:
@@ -138,119 +140,80 @@ class AsyncioBackend:
             handle.cancel()
 
 
-_PENDING, _WOKEN, _CANCELLED = range(3)
+class _Batch(list["_AsyncioPark"]):
+    __slots__ = ("__weakref__",)
 
 
-class _AsyncioPark:
-    """Where one asyncio task waits to be woken: a future of the duck-typed kind asyncio's tasks
-    accept (``asyncio.isfuture``), which resumes its task itself rather than scheduling a
-    callback that does.
+def _no_batch() -> None:
+    return None
+
+
+class _AsyncioPark(asyncio.Future[None]):
+    """Where one asyncio task waits to be woken: a future that resumes its task itself rather
+    than scheduling a callback that does.
 
     A future's ``set_result`` schedules its task's wake-up, a callback of its own (on asyncio's
     own loops a ``Handle``, made and run in Python), run on the loop's next iteration. A park
-    instead holds its task's wake-up and runs it:
+    keeps its task's wake-up (the first done-callback added) to itself and runs it:
 
-    - from ``set_result`` (the loop thread, a task's step included), on the loop's next
+    - after ``set_result`` (the loop thread, a task's step included), on the loop's next
       iteration, in one callback with every other park woken meanwhile
       (``AsyncioBackend.resume_soon``): a sweep wakes hundreds of tasks at once;
-    - from ``wake_in_callback`` (a loop callback of its own: a waiter thread's poke, the timer
+    - in ``wake_in_callback`` (a loop callback of its own: a waiter thread's poke, the timer
       thread's, a loop timer), right there: one iteration less between the GPU's completion
       and the watcher's driver (an asyncio iteration after the loop slept costs ~6 µs).
 
-    ``await`` yields it through a tuple's iterator, not a generator: no frame of its own to
-    resume on the wake-up. Cancelled (``Task.cancel``), it behaves as a future does.
+    Otherwise it is the loop's future: done, cancelled and its result as a future's (anyio, for
+    one, skips cancelling a task whose future is done), other done-callbacks as a future's.
+    The watcher's driver parks on one on uvloop too; its waiting tasks there keep the loop's
+    futures.
     """
 
-    __slots__ = ("_asyncio_future_blocking", "_backend", "_cancel_message", "_loop", "_state", "_wakeup")
+    __slots__ = ("_backend", "_wakeup")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, backend: AsyncioBackend) -> None:
-        self._loop = loop
+        super().__init__(loop=loop)
         self._backend = backend
-        self._asyncio_future_blocking = False  # True while a task is to park on it (the protocol)
-        self._state = _PENDING
         self._wakeup: tuple[Callable[[Any], object], contextvars.Context] | None = None
 
+    def add_done_callback(self, fn: Callable[[Any], object], *, context: contextvars.Context | None = None) -> None:
+        if self._wakeup is not None or self.done():
+            super().add_done_callback(fn, context=context)
+        else:  # the awaiting task's wake-up
+            self._wakeup = (fn, contextvars.copy_context() if context is None else context)
+
+    def remove_done_callback(self, fn: Callable[[Any], object]) -> int:
+        if self._wakeup is not None and self._wakeup[0] == fn:
+            self._wakeup = None
+            return 1 + super().remove_done_callback(fn)
+        return super().remove_done_callback(fn)
+
     def set_result(self, result: None, /) -> None:
-        if self._state != _PENDING:
-            raise asyncio.InvalidStateError("the park was woken already")
-        self._state = _WOKEN
-        if self._wakeup is not None:  # else whoever awaits it finds it done
-            to_resume = self._backend._to_resume  # ``resume_soon`` written out: once per woken task
-            to_resume.append(self)
-            if len(to_resume) == 1:
-                self._loop.call_soon(self._backend._resume_parked)
+        super().set_result(result)
+        if self._wakeup is not None:
+            self._backend.resume_soon(self)
 
     def wake_in_callback(self) -> None:
-        if self._state != _PENDING:
+        if self.done():
             return
-        self._state = _WOKEN
-        if self._wakeup is None:
+        super().set_result(None)
+        wakeup = self._wakeup
+        if wakeup is None:  # nobody awaits it (yet)
             return
-        if asyncio.current_task(self._loop) is not None:  # not in a callback of its own after all
+        if asyncio.current_task(self.get_loop()) is not None:  # not in a callback of its own after all
             self._backend.resume_soon(self)
         else:
-            self._resume()
-
-    def _resume(self) -> None:
-        wakeup = self._wakeup
-        if wakeup is not None:  # (else cancelled meanwhile: its wake-up is scheduled already)
             self._wakeup = None
-            callback, context = wakeup
-            context.run(callback, self)
+            wakeup[1].run(wakeup[0], self)
 
-    def done(self) -> bool:
-        return self._state != _PENDING
-
-    def __await__(self) -> Generator[Any, None, None]:
-        if self._state != _PENDING:
-            self.result()
-            return iter(())  # type: ignore[return-value]
-        if self._wakeup is not None:
-            raise RuntimeError("only one task may await a park")
-        self._asyncio_future_blocking = True
-        return iter((self,))  # type: ignore[return-value]  # the task calls add_done_callback, and result() when woken
-
-    # -- the rest of the future protocol, as asyncio's tasks use it ---------------------------
-    def get_loop(self) -> asyncio.AbstractEventLoop:
-        return self._loop
-
-    def add_done_callback(self, callback: Callable[[Any], object], *, context: contextvars.Context | None = None) -> None:
-        context = contextvars.copy_context() if context is None else context
-        if self._state != _PENDING:
-            self._loop.call_soon(callback, self, context=context)
-        else:
-            self._wakeup = (callback, context)  # one task's: ``__await__`` refuses a second
-
-    def remove_done_callback(self, callback: Callable[[Any], object]) -> int:
-        if self._wakeup is not None and self._wakeup[0] == callback:
-            self._wakeup = None
-            return 1
-        return 0
-
-    def cancel(self, msg: object = None) -> bool:
-        """What ``Task.cancel`` calls on what its task awaits: the task resumes with ``CancelledError``."""
-        if self._state != _PENDING:
+    def cancel(self, msg: Any = None) -> bool:
+        if not super().cancel(msg=msg):
             return False
-        self._state = _CANCELLED
-        self._cancel_message = msg
-        if self._wakeup is not None:
-            callback, context = self._wakeup
+        wakeup = self._wakeup
+        if wakeup is not None:  # resumed with CancelledError, as a future's task would be
             self._wakeup = None
-            self._loop.call_soon(callback, self, context=context)
+            self.get_loop().call_soon(wakeup[0], self, context=wakeup[1])
         return True
-
-    def cancelled(self) -> bool:
-        return self._state == _CANCELLED
-
-    def result(self) -> None:
-        if self._state == _CANCELLED:
-            raise asyncio.CancelledError(*(() if self._cancel_message is None else (self._cancel_message,)))
-        if self._state == _PENDING:
-            raise asyncio.InvalidStateError("the park was not woken yet")
-
-    def exception(self) -> BaseException | None:
-        self.result()
-        return None
 
 
 @types.coroutine
