@@ -736,7 +736,8 @@ class Watcher:
 
     def _poke_in_callback(self) -> None:
         """Look again now, from a loop callback of its own (a thread saw a completion, a timer
-        fired): on asyncio the driving task resumes in this callback, not on the next iteration."""
+        fired): on asyncio and uvloop the driving task resumes in this callback, not on the loop's
+        next iteration."""
         if self._parked is not None:
             self._parked.wake_in_callback()
 
