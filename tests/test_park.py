@@ -6,18 +6,22 @@ callback with every other park woken meanwhile; cancelled, it behaves as a futur
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import gc
 import sys
 import threading
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 import aiogpu
 from aiogpu import _loop
 from aiogpu.testing import SimulatedDriver
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 who = contextvars.ContextVar("who", default="nobody")
 
@@ -35,6 +39,21 @@ async def _park_with_a_task() -> tuple[_loop.Park, list[str], asyncio.Task[None]
     await asyncio.sleep(0)
     assert not resumed, "the task should be parked"
     return park, resumed, task
+
+
+@contextlib.contextmanager
+def _scheduled_callbacks(loop: asyncio.AbstractEventLoop, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[object]]:
+    """The callbacks ``loop.call_soon`` is asked to schedule meanwhile."""
+    scheduled: list[object] = []
+    call_soon = loop.call_soon
+
+    def counted(callback: Any, *args: Any, **kwargs: Any) -> asyncio.Handle:
+        scheduled.append(callback)
+        return call_soon(callback, *args, **kwargs)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(loop, "call_soon", counted)
+        yield scheduled
 
 
 @pytest.mark.asyncio
@@ -164,20 +183,84 @@ async def test_parks_woken_together_resume_in_one_callback_in_the_order_woken(mo
 
     tasks = [asyncio.create_task(parked(index)) for index in range(5)]
     await asyncio.sleep(0)
-    scheduled: list[object] = []
-    call_soon = loop.call_soon
-
-    def counted(callback: Any, *args: Any, **kwargs: Any) -> asyncio.Handle:
-        scheduled.append(callback)
-        return call_soon(callback, *args, **kwargs)
-
-    monkeypatch.setattr(loop, "call_soon", counted)
-    for index in (3, 1, 4, 0, 2):
-        parks[index].set_result(None)
-    monkeypatch.undo()
+    with _scheduled_callbacks(loop, monkeypatch) as scheduled:
+        for index in (3, 1, 4, 0, 2):
+            parks[index].set_result(None)
     assert len(scheduled) == 1
     await asyncio.wait_for(asyncio.gather(*tasks), 10)
     assert resumed == [3, 1, 4, 0, 2]
+
+
+class _Waiters:
+    """What ``Backend.set_signals`` is given: a completed wait's signals (``_watcher._Entry``)."""
+
+    def __init__(self, signal: Any, *more: Any) -> None:
+        self.signal = signal
+        self.more_signals = dict.fromkeys(more) if more else None
+
+    def signals(self) -> list[_loop.Signal]:
+        return ([] if self.signal is None else [self.signal]) + list(self.more_signals or ())
+
+
+class _Flag:
+    """A signal that is not a future (the watcher's driving task's)."""
+
+    def __init__(self) -> None:
+        self.set = False
+
+    def set_result(self, result: None, /) -> None:
+        self.set = True
+
+    def done(self) -> bool:
+        return self.set
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("parks", [True, False], ids=["parks (asyncio)", "futures (uvloop)"])
+async def test_set_signals_wakes_every_task_in_order_past_a_cancelled_one(parks: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The sweep's wake-up of 10,000 tasks: on asyncio's own loops the parks are set without
+    # their ``set_result`` and resume in one callback; a task cancelled but not yet gone, a
+    # first waiter that left, the driving task's flag and a second awaiter are all handled.
+    loop = asyncio.get_running_loop()
+    backend = _loop.AsyncioBackend(loop)
+    backend._parks_for_signals = parks
+    signals = [backend.new_signal() for _ in range(6)]
+    resumed: list[int] = []
+
+    async def parked(index: int) -> None:
+        await signals[index]
+        resumed.append(index)
+
+    tasks = [asyncio.create_task(parked(index)) for index in range(6)]
+    await asyncio.sleep(0)
+    tasks[2].cancel()  # its signal is cancelled now; the task has not run its cancellation yet
+    flag = _Flag()
+    waking: list[_loop.Waiters] = [
+        _Waiters(signals[4], signals[1], flag),
+        _Waiters(None, signals[5]),
+        _Waiters(signals[2], signals[0]),
+        _Waiters(signals[3]),
+    ]
+    with _scheduled_callbacks(loop, monkeypatch) as scheduled:
+        backend.set_signals(waking)
+    assert waking == []
+    assert flag.set
+    assert len(scheduled) == (1 if parks else 5)
+    await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 10)
+    assert resumed == [4, 1, 5, 0, 3]
+    assert tasks[2].cancelled()
+
+
+@pytest.mark.asyncio
+async def test_set_signals_schedules_nothing_when_only_a_flag_is_woken(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A lone wait's task drives the watcher and checks its flag itself: no callback to run.
+    loop = asyncio.get_running_loop()
+    backend = _loop.AsyncioBackend(loop)
+    flag = _Flag()
+    with _scheduled_callbacks(loop, monkeypatch) as scheduled:
+        backend.set_signals([_Waiters(flag)])
+    assert flag.set
+    assert scheduled == []
 
 
 def test_a_task_that_raises_keyboard_interrupt_as_it_resumes_does_not_strand_the_others() -> None:

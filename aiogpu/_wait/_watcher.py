@@ -39,7 +39,6 @@ Rules this file keeps:
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import itertools
 import math
@@ -54,9 +53,10 @@ from . import _doorbell, _helpers, _predict, _thread, _timer
 from ._strategy import WaitStrategy, check_strategy
 
 if TYPE_CHECKING:
+    import asyncio
     from collections.abc import Generator
 
-    from .._loop import Backend, Park, Signal
+    from .._loop import Backend, Park, Signal, Waiters
     from . import WaitTarget
 
 #: Strategies that never watch on the loop: a thread or the driver tells the loop when to look.
@@ -290,7 +290,7 @@ class Watcher:
         self._lateness_max = 0.0  # the largest of them: read by every ``auto`` head's plan
         self._auto_watched: set[_Queue] = set()  # queues whose ``auto`` head the watch queries
         self._woken = 0  # waiting tasks woken by the current sweep
-        self._waking: list[_Entry] = []  # completed, their tasks not yet woken (``_wake``)
+        self._waking: list[Waiters] = []  # completed, their tasks not yet woken (``_wake``)
         # The last burst search found its stream's newest wait done: the loop is behind the GPU
         # (a released backlog), so the next stream with a backlog is asked about its newest first.
         self._behind = False
@@ -888,20 +888,9 @@ class Watcher:
 
         On asyncio's own loops the tasks woken here resume together in one callback on the
         loop's next iteration (their signals are parks: ``_loop._AsyncioPark``), not one
-        scheduled callback each.
+        scheduled callback each (``AsyncioBackend.set_signals``).
         """
-        waking = self._waking
-        for entry in waking:
-            try:
-                if (signal := entry.signal) is not None:
-                    signal.set_result(None)
-                if entry.more_signals:
-                    for signal in entry.more_signals:
-                        signal.set_result(None)
-            except asyncio.InvalidStateError:  # a task that was cancelled has not left yet
-                for signal in entry.signals():
-                    _loop.set_signal(signal)
-        waking.clear()
+        self._backend.set_signals(self._waking)
 
     def _fail_queue(self, queue: _Queue, error: BaseException) -> None:
         for entry in queue.entries:
