@@ -3,7 +3,7 @@
 - ``Signal``: a one-shot wake-up a task can await, set from the loop thread: future-like
   (``set_result(None)``, ``done()``). On asyncio's own loops a park (below), whose tasks woken
   together resume in one callback (10,000 of them are set in a fan-out); on uvloop the loop's
-  own future, with nothing around it.
+  own future, with nothing around it. ``Backend.set_signals`` sets a sweep's worth at once.
 - ``Backend.waker``: a thread-safe, non-blocking "run this soon on the loop". Foreign threads
   (aiogpu's waiter and timer threads) may only *schedule* a call on the loop: never run user
   code, never raise, never block. ``anyio.from_thread.run_sync`` is not an option: it waits
