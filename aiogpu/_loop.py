@@ -124,7 +124,7 @@ class AsyncioBackend:
         """Set every signal of ``waking``'s items, in order, and empty it (loop thread).
 
         On asyncio's own loops the parks are set here, not through their ``set_result``: two
-        calls in Python less for each of the 10,000 tasks a fan-out wakes.
+        calls in Python fewer for each of the 10,000 tasks a fan-out wakes.
         """
         if not self._parks_for_signals:
             set_signals(waking)

@@ -18,6 +18,7 @@ import pytest
 
 import aiogpu
 from aiogpu import _loop
+from aiogpu._wait._watcher import _DriverFlag
 from aiogpu.testing import SimulatedDriver
 
 if TYPE_CHECKING:
@@ -39,6 +40,19 @@ async def _park_with_a_task() -> tuple[_loop.Park, list[str], asyncio.Task[None]
     await asyncio.sleep(0)
     assert not resumed, "the task should be parked"
     return park, resumed, task
+
+
+async def _tasks_awaiting(signals: list[Any]) -> tuple[list[asyncio.Task[None]], list[int]]:
+    """A task awaiting each signal, all parked; the list they add their index to as they resume."""
+    resumed: list[int] = []
+
+    async def parked(index: int) -> None:
+        await signals[index]
+        resumed.append(index)
+
+    tasks = [asyncio.create_task(parked(index)) for index in range(len(signals))]
+    await asyncio.sleep(0)
+    return tasks, resumed
 
 
 @contextlib.contextmanager
@@ -175,14 +189,7 @@ async def test_parks_woken_together_resume_in_one_callback_in_the_order_woken(mo
     loop = asyncio.get_running_loop()
     backend = _loop.AsyncioBackend(loop)
     parks = [backend.new_park() for _ in range(5)]
-    resumed: list[int] = []
-
-    async def parked(index: int) -> None:
-        await parks[index]
-        resumed.append(index)
-
-    tasks = [asyncio.create_task(parked(index)) for index in range(5)]
-    await asyncio.sleep(0)
+    tasks, resumed = await _tasks_awaiting(parks)
     with _scheduled_callbacks(loop, monkeypatch) as scheduled:
         for index in (3, 1, 4, 0, 2):
             parks[index].set_result(None)
@@ -202,19 +209,6 @@ class _Waiters:
         return ([] if self.signal is None else [self.signal]) + list(self.more_signals or ())
 
 
-class _Flag:
-    """A signal that is not a future (the watcher's driving task's)."""
-
-    def __init__(self) -> None:
-        self.set = False
-
-    def set_result(self, result: None, /) -> None:
-        self.set = True
-
-    def done(self) -> bool:
-        return self.set
-
-
 @pytest.mark.asyncio
 @pytest.mark.parametrize("parks", [True, False], ids=["parks (asyncio)", "futures (uvloop)"])
 async def test_set_signals_wakes_every_task_in_order_past_a_cancelled_one(parks: bool, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -225,16 +219,9 @@ async def test_set_signals_wakes_every_task_in_order_past_a_cancelled_one(parks:
     backend = _loop.AsyncioBackend(loop)
     backend._parks_for_signals = parks
     signals = [backend.new_signal() for _ in range(6)]
-    resumed: list[int] = []
-
-    async def parked(index: int) -> None:
-        await signals[index]
-        resumed.append(index)
-
-    tasks = [asyncio.create_task(parked(index)) for index in range(6)]
-    await asyncio.sleep(0)
+    tasks, resumed = await _tasks_awaiting(signals)
     tasks[2].cancel()  # its signal is cancelled now; the task has not run its cancellation yet
-    flag = _Flag()
+    flag = _DriverFlag()
     waking: list[_loop.Waiters] = [
         _Waiters(signals[4], signals[1], flag),
         _Waiters(None, signals[5]),
@@ -244,7 +231,7 @@ async def test_set_signals_wakes_every_task_in_order_past_a_cancelled_one(parks:
     with _scheduled_callbacks(loop, monkeypatch) as scheduled:
         backend.set_signals(waking)
     assert waking == []
-    assert flag.set
+    assert flag.done()
     assert len(scheduled) == (1 if parks else 5)
     await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 10)
     assert resumed == [4, 1, 5, 0, 3]
@@ -256,10 +243,10 @@ async def test_set_signals_schedules_nothing_when_only_a_flag_is_woken(monkeypat
     # A lone wait's task drives the watcher and checks its flag itself: no callback to run.
     loop = asyncio.get_running_loop()
     backend = _loop.AsyncioBackend(loop)
-    flag = _Flag()
+    flag = _DriverFlag()
     with _scheduled_callbacks(loop, monkeypatch) as scheduled:
         backend.set_signals([_Waiters(flag)])
-    assert flag.set
+    assert flag.done()
     assert scheduled == []
 
 
