@@ -552,6 +552,38 @@ async def test_a_sweep_that_woke_its_budget_of_tasks_lets_them_run_before_it_goe
             stream.close()
 
 
+@pytest.mark.asyncio
+@pytest.mark.parametrize("strategy", ["auto", "poll", "thread"])
+async def test_a_sweep_wakes_the_tasks_it_found_done_oldest_wait_first(
+    sim: SimulatedDriver, strategy: aiogpu.WaitStrategy
+) -> None:
+    # Waits started round robin over two streams (A0 B0 A1 B1 A2 B2), all found done by one
+    # sweep: their tasks resume in the order the waits started, not stream by stream (A0 A1 A2
+    # B0 B1 B2), as tasks lie in memory. (asyncio and uvloop only: trio shuffles what it runs.)
+    streams = [aiogpu.Stream(sim.device(0), nonblocking=True) for _ in range(2)]
+    try:
+        works = [sim.launch(stream) for stream in streams]
+        recorded = [[stream.record() for _ in range(3)] for stream in streams]
+        events = [recorded[index % 2][index // 2] for index in range(6)]
+        resumed: list[int] = []
+
+        async def waiter(index: int) -> None:
+            await events[index].wait(strategy=strategy)
+            resumed.append(index)
+
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:
+                for index in range(6):  # one at a time: the waits start in this order
+                    tg.start_soon(waiter, index)
+                    await anyio.wait_all_tasks_blocked()
+                for work in works:  # no yield in between: one sweep finds all six done
+                    work.release()
+        assert resumed == list(range(6))
+    finally:
+        for stream in streams:
+            stream.close()
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize("strategy", ["auto", "poll"])
 async def test_a_sweep_cut_short_is_taken_up_where_it_stopped(

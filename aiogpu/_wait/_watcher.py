@@ -8,8 +8,9 @@ Rules this file keeps:
    and after two in a row the newest, then by galloping and bisection: a wait that is done
    means every wait before it on the stream is (k done cost O(log k) queries, not one each). A stream whose last sweep completed
    something is watched closely on the next beat too: more of it tends to finish meanwhile. A
-   sweep that has woken ``SWEEP_WAKE_BUDGET`` tasks yields before the next stream, so they run
-   while the GPU finishes the rest; the next sweep starts where it stopped.
+   sweep wakes the tasks it found done oldest wait first, across its streams; one that has
+   woken ``SWEEP_WAKE_BUDGET`` tasks yields before the next stream, so they run while the GPU
+   finishes the rest; the next sweep starts where it stopped.
 2. One task at a time drives the watcher (sweeps, plans, sleeps); the other waiting tasks park
    on a ``Signal`` it sets. Many tasks awaiting one recording share one entry. The driver is
    the first waiting task when nobody drives — it stops when its own wait is over, so a lone
@@ -42,6 +43,7 @@ from __future__ import annotations
 import copy
 import itertools
 import math
+import operator
 import random
 import time
 import weakref
@@ -133,7 +135,10 @@ WARM_BEAT = 0.4e-3
 #: next beat (they go first then) and yields: the woken tasks run while the GPU finishes the
 #: rest. Without it, a released fan-out of 10,000 waits on 64 streams completed everything in
 #: one sweep that lasted as long as the GPU work, and the first task resumed only after it.
-SWEEP_WAKE_BUDGET = 256
+#: 1,024 rather than 256: a loop behind the GPU completes whole streams at once, and the more
+#: streams one sweep takes in, the nearer the tasks it wakes oldest first lie to each other in
+#: memory (``_wake_oldest_first``; 256 took in about two streams of a 10,000 x 64 fan-out).
+SWEEP_WAKE_BUDGET = 1024
 
 
 def _back_off(now: float, backoff: float, mode: WaitStrategy) -> tuple[float, float]:
@@ -158,6 +163,7 @@ def _watch_past_prediction(estimate: float) -> float:
 
 
 _entry_serials = itertools.count()
+_started_order = operator.attrgetter("serial")  # of the entries' first waits
 
 
 class _DriverFlag:
@@ -478,9 +484,9 @@ class Watcher:
             if self._woken >= SWEEP_WAKE_BUDGET and position < len(order):
                 for key in swept:
                     queues[key] = queues.pop(key)
-                self._wake()
+                self._wake_oldest_first()
                 return True
-        self._wake()
+        self._wake_oldest_first()
         return False
 
     def _retire(self, queue: _Queue) -> None:
@@ -873,23 +879,33 @@ class Watcher:
             target._lifetime.release()
 
     def _wake(self) -> None:
-        """Wake the tasks of the entries completed since the last call, in the order the sweep
-        completed them (stream by stream).
-
-        Not sorted into the order the waits started, though tasks tend to lie in memory in that
-        order: on a fake timeline the sort took 10,000 waits on 64 streams (an event each, round
-        robin, uvloop) from 27.4 to 23.8 ms, but on the GPU it did not pay. Interleaved in one
-        process on an H200 (driver 580.159.04, 2026-11-25, 21 rounds of the 10,000 x 64
-        fan-outs, median of the paired ratios), waking unsorted took 0.92-0.98 of the time in
-        seven of the eight cases (own and shared events, asyncio and uvloop, ``auto`` and
-        ``poll``) and 1.004 in the eighth. Nor did holding each stream's completed entries to
-        wake the oldest waits first across the streams: the tasks ran faster, the sweeps slower
-        by more (1.02-1.83 times the time, five variants; the README's fan-out section).
+        """Wake the tasks of the entries completed since the last call, in that order.
 
         On asyncio's own loops the tasks woken here resume together in one callback on the
         loop's next iteration (their signals are parks: ``_loop._AsyncioPark``), not one
         scheduled callback each (``AsyncioBackend.set_signals``).
         """
+        self._backend.set_signals(self._waking)
+
+    def _wake_oldest_first(self) -> None:
+        """``_wake``, the sweep's completed entries sorted into the order their waits started,
+        not the order the sweep found them in (stream by stream).
+
+        Tasks tend to lie in memory in the order their waits started: a server's requests each
+        make a task, an event and a wait in turn, round robin over its streams, and the tasks of
+        one stream lie far apart. Woken stream by stream, each task's wake-up touched memory far
+        from the last one's. Interleaved in one process on an H200 (driver 580.159.04,
+        2026-11-25, three runs of 11-15 rounds of the 10,000 x 64 fan-outs on mostly slow hosts,
+        median of the paired ratios), sorting with a budget of 1,024 wake-ups a sweep took
+        0.81-0.93 of the time of the unsorted sweeps of 256 with an event for each waiter (all
+        ten cases: asyncio and uvloop, ``auto`` and ``poll``), and 0.92-1.11 with shared events
+        (median 1.01). Sorting alone (budget 256) took 0.84-1.09 and the budget alone 1.02-1.04
+        with an event for each waiter; an earlier engine's sweeps of 256 had done better
+        unsorted. The lone wait's close watch wakes its one entry through ``_wake``: nothing
+        to sort.
+        """
+        if len(self._waking) > 1:
+            self._waking.sort(key=_started_order)
         self._backend.set_signals(self._waking)
 
     def _fail_queue(self, queue: _Queue, error: BaseException) -> None:
