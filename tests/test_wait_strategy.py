@@ -559,7 +559,8 @@ async def test_a_sweep_wakes_the_tasks_it_found_done_oldest_wait_first(
 ) -> None:
     # Waits started round robin over two streams (A0 B0 A1 B1 A2 B2), all found done by one
     # sweep: their tasks resume in the order the waits started, not stream by stream (A0 A1 A2
-    # B0 B1 B2), as tasks lie in memory. (asyncio and uvloop only: trio shuffles what it runs.)
+    # B0 B1 B2), as tasks lie in memory. (asyncio and uvloop only: trio runs each batch of
+    # woken tasks forward or backward at random.)
     streams = [aiogpu.Stream(sim.device(0), nonblocking=True) for _ in range(2)]
     try:
         works = [sim.launch(stream) for stream in streams]

@@ -906,7 +906,7 @@ class Watcher:
         """
         if len(self._waking) > 1:
             self._waking.sort(key=_started_order)
-        self._backend.set_signals(self._waking)
+        self._wake()
 
     def _fail_queue(self, queue: _Queue, error: BaseException) -> None:
         for entry in queue.entries:
