@@ -297,6 +297,39 @@ class Contract:
                     second_latch.release()
             assert order == ["first", "second"]
 
+    async def test_a_wait_for_earlier_work_started_second_wakes_with_its_work(
+        self, device: aiogpu.Device, strategy: aiogpu.WaitStrategy
+    ) -> None:
+        # Waits start in any order; a stream completes its work in record order. The wait for
+        # the earlier recording, started after the one for the later recording, must wake once
+        # its own work is done, while the later work is still held.
+        with aiogpu.Stream(device) as stream, Latch(device) as first_latch, Latch(device) as second_latch:
+            first_latch.block(stream)
+            earlier = stream.record()
+            second_latch.block(stream)
+            later = stream.record()
+            woke: list[str] = []
+            earlier_woke = anyio.Event()
+
+            async def waiter(name: str, event: aiogpu.Event) -> None:
+                await event.wait(strategy=strategy)
+                woke.append(name)
+                if event is earlier:
+                    earlier_woke.set()
+
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(waiter, "later", later)
+                    await anyio.wait_all_tasks_blocked()
+                    tg.start_soon(waiter, "earlier", earlier)
+                    await anyio.wait_all_tasks_blocked()
+                    first_latch.release()
+                    await earlier_woke.wait()
+                    assert woke == ["earlier"]
+                    assert not later.is_done
+                    second_latch.release()
+            assert woke == ["earlier", "later"]
+
     async def test_pending_waits_hold_up_no_other_stream(
         self, device: aiogpu.Device, strategy: aiogpu.WaitStrategy, monkeypatch: pytest.MonkeyPatch
     ) -> None:
