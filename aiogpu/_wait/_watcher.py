@@ -220,7 +220,7 @@ class _Entry:
         self.holds_handle = True
         self.mode = mode
         self.started = now  # time.perf_counter() when the first task began waiting (hang reports)
-        self.serial = next(_entry_serials)  # tells this wait from every other one (hang reports)
+        self.serial = next(_entry_serials)  # tells this wait from the others (hang reports); orders wake-ups
         self.generation = target._generation
         # The waiting tasks' signals: the first in a slot, any more in a dict (an ordered set
         # with O(1) removal). Most recordings have one waiting task, and a dict of one cost a
