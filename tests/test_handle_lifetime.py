@@ -4,12 +4,13 @@ handle is open)."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import threading
 
 import pytest
 
-from aiogpu import ClosedResourceError
+from aiogpu import ClosedResourceError, _lifetime
 from aiogpu._lifetime import HandleLifetime
 
 
@@ -145,3 +146,46 @@ def test_racing_releases_retains_and_close_destroy_once_and_never_in_use() -> No
             assert _race_releases_retains_and_close(users=4) == ([1], [])
     finally:
         sys.setswitchinterval(interval)
+
+
+def test_exit_leaves_a_handle_in_use_to_the_driver(monkeypatch: pytest.MonkeyPatch) -> None:
+    # weakref.finalize calls the remaining finalizers at exit, owners alive or not, while a
+    # daemon waiter thread may still be blocked in the driver on the handle.
+    destroyed: list[int] = []
+    owners = [Owner(), Owner()]
+    in_use = HandleLifetime(owners[0], "event", 1, destroyed.append)
+    unused = HandleLifetime(owners[1], "event", 2, destroyed.append)
+    in_use.acquire()
+    monkeypatch.setattr(_lifetime, "_exiting", True)  # what its exit hook sets
+    for lifetime in (in_use, unused):
+        assert lifetime._finalizer is not None
+        lifetime._finalizer()  # what weakref.finalize's exit hook does
+    assert destroyed == [2]
+
+
+def test_a_handle_collected_while_counted_in_use_is_destroyed() -> None:
+    # Outside exit only a wait collected in a cycle with its event can leave a use: no thread
+    # is in the driver on the handle then, and leaving it would leak it.
+    destroyed: list[int] = []
+    owner = Owner()
+    lifetime = HandleLifetime(owner, "event", 3, destroyed.append)
+    lifetime.acquire()
+    assert lifetime._finalizer is not None
+    lifetime._finalizer()  # what the collector does
+    assert destroyed == [3]
+
+
+@pytest.mark.parametrize("first", [True, False], ids=["first-finalizer", "after-another"])
+def test_finalizers_run_at_exit_know_it_is_exit(first: bool) -> None:
+    # atexit runs hooks last in, first out: the flag must be set before weakref.finalize's hook
+    # runs, whether or not a finalizer (and so that hook) existed before aiogpu's first one.
+    script = (
+        "import weakref\n"
+        "from aiogpu import _lifetime\n"
+        "class Owner: pass\n"
+        "owners = [Owner(), Owner()]\n"
+        + ("" if first else "weakref.finalize(owners[1], print, 'another')\n")
+        + "_lifetime.HandleLifetime(owners[0], 'event', 1, lambda handle: print('exiting', _lifetime._exiting))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    assert "exiting True" in result.stdout.splitlines(), result.stdout

@@ -1,6 +1,7 @@
 """Interpreter exit with objects left open and waits pending (a waiter thread parked in the
 driver, a callback wait's host function still enqueued, tasks that ``asyncio.run`` cancels as it
-closes its loop): no crash, no exception in a foreign thread, no noise, exit within 1 s."""
+closes its loop), the work still held or completing as the process exits: no crash, no handle
+destroyed under a waiter thread, no exception in a foreign thread, no noise, exit within 1 s."""
 
 from __future__ import annotations
 
@@ -13,6 +14,13 @@ import pytest
 
 SCRIPT = textwrap.dedent(
     """
+    import atexit, weakref
+    def report():                           # registered first, so it runs after finalizers ran
+        statistics = getattr(device._driver, "statistics", None)
+        violations = statistics().lifetime_violations if statistics else None
+        print(f"finalizers ran: {weakref.finalize._shutdown}, violations: {violations}", flush=True)
+    atexit.register(report)
+
     import asyncio, sys, time
     import anyio
     import aiogpu
@@ -42,20 +50,28 @@ SCRIPT = textwrap.dedent(
     anyio.run(cancelled_waits)
     anyio.run(cancelled_waits, backend="trio")
     asyncio.run(waits_left_to_asyncio_run())
+    if sys.argv[2] == "released":           # the parked waiter thread wakes as the process exits
+        latch.release()
     print(f"exiting at {time.monotonic()!r}", flush=True)
     """
 )
 
 
+@pytest.mark.parametrize("work", ["held", "released"])
 @pytest.mark.parametrize("kind", ["simulated", pytest.param("gpu", marks=pytest.mark.gpu)])
-def test_exit_with_open_objects_and_pending_waits(kind: str) -> None:
+def test_exit_with_open_objects_and_pending_waits(kind: str, work: str) -> None:
     pytest.importorskip("trio")
-    result = subprocess.run(
-        [sys.executable, "-X", "dev", "-c", SCRIPT, kind], capture_output=True, text=True, timeout=60, check=False
-    )
-    exited = time.monotonic()
-    assert result.returncode == 0, result.stderr
-    assert result.stderr == ""  # no exception in a foreign thread, no "Task was destroyed" warning
-    marker, _, when = result.stdout.strip().partition(" at ")
-    assert marker == "exiting", result.stdout
-    assert exited - float(when) < 1.0, f"the interpreter took {exited - float(when):.2f} s to exit"
+    # Released: a waiter thread woke from cuEventSynchronize as exit destroyed that event, and
+    # an H200 process segfaulted in 36 exits of 90 (driver 580, 2026-11-25); so a few exits.
+    for _ in range(5 if (kind, work) == ("gpu", "released") else 1):
+        result = subprocess.run(
+            [sys.executable, "-X", "dev", "-c", SCRIPT, kind, work], capture_output=True, text=True, timeout=60, check=False
+        )
+        exited = time.monotonic()
+        assert result.returncode == 0, result.stderr
+        assert result.stderr == ""  # no exception in a foreign thread, no "Task was destroyed" warning
+        exiting, ran = result.stdout.strip().splitlines()
+        marker, _, when = exiting.partition(" at ")
+        assert marker == "exiting", result.stdout
+        assert exited - float(when) < 1.0, f"the interpreter took {exited - float(when):.2f} s to exit"
+        assert ran == f"finalizers ran: True, violations: {0 if kind == 'simulated' else None}"
