@@ -49,10 +49,13 @@ def _destroy_quietly(lifetime: HandleLifetime, destroy: Callable[[int], None], h
     # At exit a waiter thread (a daemon) may still be blocked in the driver on the handle: on an
     # H200 a process whose waiter thread woke from cuEventSynchronize as exit destroyed that
     # event segfaulted (driver 580, 2026-11-25: 36 exits in 90; 0 in 60 with this check). The
-    # driver frees it with the process. Outside exit a handle still counted in use can only belong to a wait collected
-    # with its event in a cycle: no thread is in the driver on it, so it is destroyed.
-    if _exiting and lifetime._uses:
-        return
+    # driver frees it with the process. Outside exit, a handle still counted in use can only
+    # belong to a wait collected in a cycle with its event: no thread is in the driver on it.
+    if _exiting:
+        with lifetime._lock:
+            lifetime._closed = True  # a daemon thread's next wait gets ClosedResourceError
+            if lifetime._uses:
+                return
     try:
         destroy(handle)
     except (AiogpuError, RuntimeError):  # context lost, driver unloading, interpreter exiting

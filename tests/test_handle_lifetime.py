@@ -161,6 +161,11 @@ def test_exit_leaves_a_handle_in_use_to_the_driver(monkeypatch: pytest.MonkeyPat
         assert lifetime._finalizer is not None
         lifetime._finalizer()  # what weakref.finalize's exit hook does
     assert destroyed == [2]
+    for lifetime in (in_use, unused):  # no wait starts on either any more (a daemon thread's)
+        with pytest.raises(ClosedResourceError):
+            lifetime.acquire()
+    in_use.release()  # the waiter thread is back from the driver: the handle stays with it
+    assert destroyed == [2]
 
 
 def test_a_handle_collected_while_counted_in_use_is_destroyed() -> None:
