@@ -2,17 +2,18 @@
 
 Invariants:
 
-- The handle is destroyed exactly once: by ``close()`` when no wait is using it, by the last
+- The handle is destroyed at most once: by ``close()`` when no wait is using it, by the last
   ``release()`` after a ``close()``, or by the garbage collector's ``weakref.finalize`` if the
-  owner object was dropped without closing. Never in ``__del__``.
+  owner object was dropped without closing. Never in ``__del__``. Only interpreter exit leaves
+  one undestroyed (below).
 - A wait that uses the handle (``acquire``/``release``) keeps it alive even if the user closes
   the object meanwhile (``cuEventDestroy`` of an event a waiter thread is blocked on would be
   undefined).
 - Destroying never raises: at interpreter shutdown or after a sticky context error the driver
   may refuse, and there is nobody left to tell.
-- Interpreter exit destroys only handles nobody uses: ``weakref.finalize`` runs the remaining
-  finalizers at exit, while a daemon waiter thread may still be blocked in the driver on the
-  handle; the driver frees the handle with the process.
+- Interpreter exit closes every owned handle and destroys only those nobody uses:
+  ``weakref.finalize`` runs the remaining finalizers at exit, while a daemon waiter thread may
+  still be blocked in the driver on the handle; the driver frees it with the process.
 """
 
 from __future__ import annotations
@@ -45,17 +46,13 @@ def _register_exit_hook() -> None:
     atexit.register(_note_exit)
 
 
-def _destroy_quietly(lifetime: HandleLifetime, destroy: Callable[[int], None], handle: int) -> None:
-    # At exit a waiter thread (a daemon) may still be blocked in the driver on the handle: on an
-    # H200 a process whose waiter thread woke from cuEventSynchronize as exit destroyed that
-    # event segfaulted (driver 580, 2026-11-25: 36 exits in 90; 0 in 60 with this check). The
-    # driver frees it with the process. Outside exit, a handle still counted in use can only
-    # belong to a wait collected in a cycle with its event: no thread is in the driver on it.
-    if _exiting:
-        with lifetime._lock:
-            lifetime._closed = True  # a daemon thread's next wait gets ClosedResourceError
-            if lifetime._uses:
-                return
+def _finalize_handle(lifetime: HandleLifetime, destroy: Callable[[int], None], handle: int) -> None:
+    # At exit a daemon waiter thread may still be blocked in the driver on the handle: destroying
+    # it under that thread crashed the process (CHANGELOG). Outside exit a handle still counted in
+    # use belongs to a wait collected in a cycle with its event, or to a fork child's copy of the
+    # parent's threads' waits: no thread is in the driver on it, so it is destroyed.
+    if _exiting and not lifetime._close_at_exit():
+        return
     try:
         destroy(handle)
     except (AiogpuError, RuntimeError):  # context lost, driver unloading, interpreter exiting
@@ -75,7 +72,8 @@ class HandleLifetime:
         self._uses: list[None] = []
         self._closed = False
         # A borrowed handle (destroy is None) is never destroyed by aiogpu.
-        self._finalizer = weakref.finalize(owner, _destroy_quietly, self, destroy, handle) if destroy else None
+        # Its arguments must never reach ``owner``, or the owner would never be collected.
+        self._finalizer = weakref.finalize(owner, _finalize_handle, self, destroy, handle) if destroy else None
         if destroy is not None and not _exit_hook_registered:
             _register_exit_hook()
 
@@ -114,6 +112,13 @@ class HandleLifetime:
             destroy_now = not self._uses
         if destroy_now and self._finalizer is not None:
             self._finalizer()  # ``weakref.finalize`` runs once, however often it is called
+
+    def _close_at_exit(self) -> bool:
+        """Close as the interpreter exits (a wait a daemon thread starts later gets
+        ``ClosedResourceError``); whether the handle may be destroyed now: nobody uses it."""
+        with self._lock:
+            self._closed = True
+            return not self._uses
 
     def close(self) -> None:
         with self._lock:

@@ -164,13 +164,17 @@ def test_exit_leaves_a_handle_in_use_to_the_driver(monkeypatch: pytest.MonkeyPat
     for lifetime in (in_use, unused):  # no wait starts on either any more (a daemon thread's)
         with pytest.raises(ClosedResourceError):
             lifetime.acquire()
+    with pytest.raises(ClosedResourceError):
+        unused.retain()  # nor does a waiter thread's job on the destroyed one
+    in_use.retain()  # one on the handle still in use may join it, as after a close()
+    in_use.release()
     in_use.release()  # the waiter thread is back from the driver: the handle stays with it
     assert destroyed == [2]
 
 
 def test_a_handle_collected_while_counted_in_use_is_destroyed() -> None:
-    # Outside exit only a wait collected in a cycle with its event can leave a use: no thread
-    # is in the driver on the handle then, and leaving it would leak it.
+    # Outside exit only a wait collected in a cycle with its event (or a fork child's copy of
+    # one) leaves a use: no thread is in the driver on the handle then; leaving it would leak it.
     destroyed: list[int] = []
     owner = Owner()
     lifetime = HandleLifetime(owner, "event", 3, destroyed.append)
@@ -189,6 +193,7 @@ def test_finalizers_run_at_exit_know_it_is_exit(first: bool) -> None:
         "from aiogpu import _lifetime\n"
         "class Owner: pass\n"
         "owners = [Owner(), Owner()]\n"
+        + ("assert not weakref.finalize._registered_with_atexit\n" if first else "")
         + ("" if first else "weakref.finalize(owners[1], print, 'another')\n")
         + "_lifetime.HandleLifetime(owners[0], 'event', 1, lambda handle: print('exiting', _lifetime._exiting))\n"
     )
