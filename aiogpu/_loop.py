@@ -10,6 +10,8 @@
   until the loop has run the call. A loop that has closed meanwhile is ignored: the task that
   wanted the wake-up is gone with it.
 - ``Backend.spawn_system_task``: a background task that belongs to the loop, not to a user task.
+- ``Backend.earliest_timer``: the loop's own earliest timer, where the loop rounds its sleeps
+  (asyncio's own loops): the watcher has it kept on time (``Watcher._keep_loop_timer``).
 - ``Park``: where the task that drives a watcher sleeps. A ``Signal`` that can also be woken
   from a loop callback outside every task (``wake_in_callback``: a thread's poke, a timer), and
   on asyncio and uvloop then resumes its task right there (``_AsyncioPark``, a future).
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import heapq
 import sys
 import types
 import weakref
@@ -61,6 +64,7 @@ class Backend(Protocol):
     def spawn_system_task(self, function: Callable[[], Awaitable[None]], ended: Callable[[object], None]) -> object: ...
     def yield_now(self) -> Awaitable[None]: ...
     async def sleep_in_park(self, park: Park, timeout: float) -> None: ...
+    def earliest_timer(self) -> tuple[float, float] | None: ...
 
 
 def set_signal(signal: Signal) -> None:
@@ -205,6 +209,41 @@ class AsyncioBackend:
         finally:
             handle.cancel()
 
+    def earliest_timer(self) -> tuple[float, float] | None:
+        """The loop's earliest live timer on asyncio's own loops: (when, by the loop's clock;
+        seconds from now), or ``None`` (none found; uvloop, whose timers are not in reach).
+
+        asyncio rounds the timeout of its sleep up to whole milliseconds (``epoll_wait``), so a
+        loop that goes to sleep at any other moment than one of its timers' wakes up to 1 ms
+        after its next timer is due. Reads the loop's heap of timers (``_scheduled``, in every
+        CPython since 3.4) without changing it; cancelled timers stay in it until the loop drops
+        them, so it looks past a few of them, no further.
+        """
+        if not self._parks_for_signals:
+            return None
+        loop = self._loop()
+        scheduled = getattr(loop, "_scheduled", None)
+        if not scheduled or not isinstance(scheduled, list):
+            return None
+        try:
+            frontier = [(scheduled[0]._when, 0)]
+            for _ in range(_TIMERS_LOOKED_AT):
+                when, position = heapq.heappop(frontier)
+                if not scheduled[position]._cancelled:
+                    return when, when - loop.time()  # type: ignore[union-attr]
+                for child in (2 * position + 1, 2 * position + 2):
+                    if child < len(scheduled):
+                        heapq.heappush(frontier, (scheduled[child]._when, child))
+                if not frontier:
+                    return None
+        except (AttributeError, IndexError, TypeError):  # not the asyncio this was written against
+            return None
+        return None
+
+
+#: How many of the loop's timers ``earliest_timer`` looks at, the cancelled ones it skips included.
+_TIMERS_LOOKED_AT = 8
+
 
 #: A future's own ``set_result``, a park's without its override (``AsyncioBackend.set_signals``).
 _set_future_result = asyncio.Future.set_result
@@ -328,6 +367,9 @@ class TrioBackend:
     async def sleep_in_park(self, park: Park, timeout: float) -> None:
         with self._trio.move_on_after(timeout):
             await park
+
+    def earliest_timer(self) -> tuple[float, float] | None:
+        return None  # trio's deadlines are its runner's own
 
 
 class _TrioSignal:

@@ -26,9 +26,10 @@ def markdown(result: dict[str, Any]) -> str:
         "workload's ways of waiting are measured in interleaved rounds (older results: one after the other);",
         "CPU is process CPU time per wait. Lag is how late the loop reads input that another process",
         "writes to a pipe at 1 kHz while the waits run; timer lag is how late a 1 kHz `asyncio.sleep` ticker",
-        "wakes (asyncio rounds sleeps up to whole milliseconds, so it nears 1 ms whenever anything",
-        "else wakes the loop). GC pauses are the garbage collector's, on the loop thread, while lag",
-        "was measured (the start-up heap frozen first, as servers do).",
+        "wakes while they run (measured after the input, not beside it: asyncio rounds sleeps up to whole",
+        "milliseconds, so each input read could make the next tick up to 1 ms late). GC pauses are the",
+        "garbage collector's, on the loop thread, while lag was measured (the start-up heap frozen first,",
+        "as servers do).",
         "",
         "| work | strategy | p50 µs | p99 µs | overhead p50 µs | overhead p99 µs | CPU µs/wait | CPU vs floor"
         " | lag p99 ms | lag max ms | timer lag p99 ms | GC pauses (max ms) |",

@@ -9,16 +9,16 @@ for each way of waiting:
   measured in the same run);
 - host CPU per wait (process CPU time over the case divided by waits), also as a fraction of
   the floor's;
-- event-loop responsiveness while the waits run, over at least ``LAG_SECONDS``, two ways (and
-  the garbage collector's pauses meanwhile; the start-up heap is frozen first, as servers do): how
-  late the loop reads input that another process writes to a pipe at 1 kHz (as requests arrive
-  on a socket) — the figure the goals use —
-  and how late a 1 kHz ``asyncio.sleep`` ticker wakes. The second is shown for completeness:
-  asyncio and libuv round a sleep's timeout up to whole milliseconds, so a ticker woken by
-  anything else just before its deadline sleeps a further millisecond; its p99 sits near 1 ms
-  for every waiter that wakes the loop at all, baselines included; and the same probe on a loop
-  that runs nothing else: the lag the machine alone causes (a loop asleep in ``epoll_wait``
-  woken late by the OS), the reference for every other case's lag;
+- event-loop responsiveness while the waits run, two ways, each over at least ``LAG_SECONDS``
+  in turn (and the garbage collector's pauses meanwhile; the start-up heap is frozen first, as
+  servers do): how late the loop reads input that another process writes to a pipe at 1 kHz (as
+  requests arrive on a socket), and how late a 1 kHz ``asyncio.sleep`` ticker wakes. Not at
+  once: asyncio rounds a sleep's timeout up to whole milliseconds, so each read of the input,
+  arriving at its own moments, left the loop to sleep up to a millisecond past the ticker's
+  next tick (at 5 ms of work on an H200, 2026-11-25, the ticker's p99 was 1.01-1.22 ms beside
+  the input under every aiogpu strategy, and 0.30-0.38 ms alone);
+  and the input probe on a loop that runs nothing else: the lag the machine alone causes (a
+  loop asleep in ``epoll_wait`` woken late by the OS), the reference for every other case's lag;
 
 each workload in ``LATENCY_ROUNDS`` rounds, every way of waiting (and the idle probe) once per
 round, so that the machine's drift reaches all of them alike;
@@ -93,7 +93,8 @@ FANOUT_KERNEL = 20e-6
 #: 2026-11-25 the same engine took 11 ms in one round and 27 ms in the next) and the best run:
 #: what the way of waiting costs when the host does not get in the way.
 FANOUT_REPEATS = 7
-#: The responsiveness probes run at least this long per case (p99 of ~500 ticks, not ~5).
+#: Each responsiveness probe runs at least this long per case and round (p99 of ~2,500 ticks over
+#: the rounds, not ~25).
 LAG_SECONDS = 0.5
 #: Each workload's ways of waiting are measured in this many rounds, one after the other within
 #: a round (the machine drifts: a noisy second must not land on one way of waiting alone).
@@ -236,8 +237,8 @@ class InputProbe:
 async def loop_lag(
     wait: Callable[[], Awaitable[None]], stream: aiogpu.Stream, work: float, seconds: float, probe: InputProbe
 ) -> tuple[list[float], list[float]]:
-    """Lags (seconds) of 1 kHz input from another process and of a 1 kHz sleep ticker while
-    waits run back to back for ``seconds``: (input lags, ticker lags)."""
+    """Lags (seconds) of 1 kHz input from another process, then of a 1 kHz sleep ticker, while
+    waits run back to back for ``seconds`` each: (input lags, ticker lags)."""
     ticker_lags: list[float] = []
     finished = False
 
@@ -247,15 +248,20 @@ async def loop_lag(
             await asyncio.sleep(1e-3)
             ticker_lags.append(max(0.0, time.perf_counter() - due))
 
+    async def waits_for(seconds: float) -> None:
+        until = time.perf_counter() + seconds
+        while time.perf_counter() < until:
+            await time_waits(wait, stream, work, 20)
+
     probe.start()
+    await waits_for(seconds)
+    input_lags = probe.stop()
     task = asyncio.create_task(ticker())
     await asyncio.sleep(0)
-    until = time.perf_counter() + seconds
-    while time.perf_counter() < until:
-        await time_waits(wait, stream, work, 20)
+    await waits_for(seconds)
     finished = True
     await task
-    return probe.stop(), ticker_lags
+    return input_lags, ticker_lags
 
 
 @dataclass

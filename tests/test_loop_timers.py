@@ -1,0 +1,117 @@
+"""The loop's own timers stay on time while aiogpu waits (asyncio's own loops).
+
+asyncio rounds the timeout of its sleep up to whole milliseconds, so a loop that goes to sleep
+at a moment of the watcher's choosing would sleep up to 1 ms past its next timer. Before the
+watcher parks, it asks the timer thread to wake the loop just after that timer is due, if the
+watcher itself would wake it later. How much that saves is measured on the GPU
+(``benchmarks/wake.py``'s ticker lag); these tests check when it is asked for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING
+
+import pytest
+
+import aiogpu
+from aiogpu._wait import _timer, _watcher
+
+if TYPE_CHECKING:
+    from aiogpu.testing import SimulatedDriver
+
+
+@pytest.fixture
+def keeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """When (``time.perf_counter``) the timer thread was asked to wake a loop for one of its timers."""
+    asked: list[float] = []
+    call_at = _timer.Timer.call_at
+
+    def recording(self: _timer.Timer, when: float, callback: object) -> int:
+        if getattr(callback, "__func__", None) is _watcher.Watcher._wake_loop_threadsafe:
+            asked.append(when)
+        return call_at(self, when, callback)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_timer.Timer, "call_at", recording)
+    return asked
+
+
+def _rounds_its_sleeps(loop: asyncio.AbstractEventLoop) -> bool:
+    return isinstance(loop, asyncio.BaseEventLoop)  # uvloop's timers are out of reach
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("strategy", ["auto", "poll", "thread", "callback"])
+async def test_a_loop_timer_due_while_the_watcher_parks_is_kept_once(
+    sim: SimulatedDriver, keeps: list[float], strategy: aiogpu.WaitStrategy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The pending work is asked about once a second: the first park, right after the wait's
+    # close watch, already wakes the loop after the timer is due, and every later one sees the
+    # same earliest timer. (With the usual back-off the last park before it keeps it, unless
+    # the loop stalls past the timer meanwhile, as a loaded test machine's does.)
+    monkeypatch.setattr(_watcher, "COLD_POLL", dict.fromkeys(_watcher.COLD_POLL, (1.0, 1.0)))
+    monkeypatch.setattr(_watcher, "KEEP_TIMER_HORIZON", 1.0)  # the first park comes 20 ms early
+    loop = asyncio.get_running_loop()
+    with aiogpu.Stream(sim.device(0)) as stream:
+        work = sim.launch(stream)  # held until the timer has fired
+        fired = asyncio.Event()
+        due = time.perf_counter() + 20e-3
+        loop.call_later(20e-3, fired.set)
+        task = asyncio.create_task(stream.record().wait(strategy=strategy))
+        await asyncio.wait_for(fired.wait(), 5)
+        work.release()
+        await asyncio.wait_for(task, 5)
+    if not _rounds_its_sleeps(loop):
+        assert keeps == []
+        return
+    assert len(keeps) == 1, keeps
+    assert abs(keeps[0] - _watcher.KEEP_TIMER_MARGIN - due) < 0.5e-3, (keeps[0], due)
+
+
+@pytest.mark.asyncio
+async def test_only_a_timer_due_before_the_watcher_wakes_and_within_the_horizon_is_kept(keeps: list[float]) -> None:
+    loop = asyncio.get_running_loop()
+    if not _rounds_its_sleeps(loop):
+        pytest.skip("uvloop: its timers are out of reach")
+    watcher = _watcher.current()
+    far = loop.call_later(2 * _watcher.KEEP_TIMER_HORIZON, lambda: None)
+    now = time.perf_counter()
+    watcher._keep_loop_timer(now + 1.0)
+    assert keeps == [], "a timer beyond the horizon was kept"
+
+    cancelled = loop.call_later(1e-3, lambda: None)
+    near = loop.call_later(4e-3, lambda: None)
+    cancelled.cancel()  # still first in the loop's heap: looked past
+    now = time.perf_counter()
+    watcher._keep_loop_timer(now + 2e-3)
+    assert keeps == [], "kept a timer the watcher wakes the loop before"
+    watcher._keep_loop_timer(now + 5e-3)
+    assert len(keeps) == 1
+    assert now + 3e-3 < keeps[0] < now + 5e-3, keeps[0] - now
+    watcher._keep_loop_timer(now + 5e-3)
+    assert len(keeps) == 1, "the same timer was kept twice"
+    near.cancel()
+    far.cancel()
+
+
+@pytest.mark.asyncio
+async def test_earliest_timer_reads_the_loop_without_changing_it() -> None:
+    loop = asyncio.get_running_loop()
+    backend = _watcher.current()._backend
+    if not _rounds_its_sleeps(loop):
+        assert backend.earliest_timer() is None
+        return
+    handles = [loop.call_later(delay, lambda: None) for delay in (5e-3, 1e-3, 3e-3, 2e-3)]
+    handles[1].cancel()
+    handles[3].cancel()
+    heap = list(loop._scheduled)  # type: ignore[attr-defined]
+    found = backend.earliest_timer()
+    assert found is not None
+    when, delay = found
+    assert when == handles[2].when()
+    assert 0 < delay <= 3e-3
+    assert loop._scheduled == heap  # type: ignore[attr-defined]
+    for handle in handles:
+        handle.cancel()
+    assert backend.earliest_timer() is None, "only cancelled timers left"
