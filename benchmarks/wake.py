@@ -226,6 +226,7 @@ class InputProbe:
         asyncio.get_running_loop().add_reader(self._pipe, self._readable)
 
     def stop(self) -> list[float]:
+        self._readable()  # input still unread is late until now (a loop blocked all along read none)
         asyncio.get_running_loop().remove_reader(self._pipe)
         return self.lags
 

@@ -58,6 +58,10 @@ def test_the_wake_benchmark_runs_on_the_simulated_device_and_labels_it(tmp_path:
         assert row["overhead_p50_us"] == pytest.approx(row["p50_us"] - floor_p50(result, row["work_us"]))
         assert row["cpu_fraction_of_floor"] == pytest.approx(row["cpu_us_per_wait"] / floor[row["work_us"]])
         assert 0 <= row["timer_lag_p99_ms"] <= row["timer_lag_max_ms"]
+        assert 0 <= row["lag_p99_ms"] <= row["lag_max_ms"], row["strategy"]
+    # The blocking floor reads no input until its waits are over: the contrast the lag shows.
+    floor_lag = [row["lag_max_ms"] for row in result["latency"] if row["strategy"].startswith("floor")]
+    assert min(floor_lag) > 50, floor_lag
     assert run.stdout.count("latency ") >= len(result["latency"])  # a progress line per case
     loops = {row["loop"] for row in result["fanout"]}
     assert "asyncio" in loops
