@@ -736,7 +736,7 @@ class Watcher:
         if precise:
             beat_at = _warm_beat(now, wake_at)
             self._keep_loop_timer(beat_at)
-        else:
+        elif any(queue.entries[0].mode != "poll" for queue in self._queues.values()):  # ``poll`` starts no thread
             self._keep_loop_timer(wake_at + 1e-3)  # a loop timer fires up to a whole millisecond late
         park = self._parked = self._backend.new_park()
         handle = None
@@ -765,9 +765,10 @@ class Watcher:
         woken at a timer's time, the loop sleeps to its next one as it would without aiogpu.
         Interleaved with the engine without it on an H200 (driver 580.159.04, 2026-11-25, four
         rounds, 5 ms of work back to back), a 1 kHz ``asyncio.sleep`` ticker's p99 lag went
-        from 0.83-1.07 to 0.30-0.38 ms (``auto``, ``poll``, ``thread``, ``callback``), the
-        process's CPU while it ticked from 11-21 % to 13-26 % of a core (it also ticked 8-16 %
-        more often).
+        from 0.83-1.07 to 0.30-0.38 ms (``auto``, ``thread``, ``callback``), the process's CPU
+        while it ticked from 11-20 % to 13-21 % of a core (it also ticked 8-16 % more often).
+        ``_park`` keeps none while only ``poll`` waits are pending: ``poll`` starts no thread
+        (its ticker's p99 there: 0.84 ms).
         """
         timer = self._backend.earliest_timer()
         if timer is None:
