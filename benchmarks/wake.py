@@ -93,8 +93,8 @@ FANOUT_KERNEL = 20e-6
 #: 2026-11-25 the same engine took 11 ms in one round and 27 ms in the next) and the best run:
 #: what the way of waiting costs when the host does not get in the way.
 FANOUT_REPEATS = 7
-#: Each responsiveness probe runs at least this long per case and round (p99 of ~2,500 ticks over
-#: the rounds, not ~25).
+#: Each responsiveness probe runs at least this long per case, spread over the rounds (p99 of
+#: ~500 ticks, not ~5).
 LAG_SECONDS = 0.5
 #: Each workload's ways of waiting are measured in this many rounds, one after the other within
 #: a round (the machine drifts: a noisy second must not land on one way of waiting alone).

@@ -736,8 +736,8 @@ class Watcher:
         if precise:
             beat_at = _warm_beat(now, wake_at)
             self._keep_loop_timer(beat_at)
-        elif any(queue.entries[0].mode != "poll" for queue in self._queues.values()):  # ``poll`` starts no thread
-            self._keep_loop_timer(wake_at + 1e-3)  # a loop timer fires up to a whole millisecond late
+        else:  # on a loop timer, which fires up to a whole millisecond late
+            self._keep_loop_timer(wake_at + 1e-3, unless_only_poll=True)
         park = self._parked = self._backend.new_park()
         handle = None
         try:
@@ -755,10 +755,13 @@ class Watcher:
             if handle is not None:
                 _timer.timer().cancel(handle)
 
-    def _keep_loop_timer(self, wake_at: float) -> None:
+    def _keep_loop_timer(self, wake_at: float, *, unless_only_poll: bool = False) -> None:
         """The loop is about to sleep, awake since a moment of the watcher's choosing (a thread's
-        poke, a close watch, a sweep): if one of its own timers is due before the watcher wakes
-        it at ``wake_at``, have the timer thread wake the loop just after that timer is due.
+        poke, a close watch, a sweep): if its earliest timer is due before the watcher wakes it
+        at ``wake_at`` (and within ``KEEP_TIMER_HORIZON``), have the timer thread wake the loop
+        just after that timer is due. ``unless_only_poll``: not while only ``poll`` waits are
+        pending, since ``poll`` starts no thread. Only while waits are pending: the wake-up that
+        ends the last one leaves the loop's next sleep as asyncio rounds it.
 
         asyncio rounds its sleeps up to whole milliseconds (``AsyncioBackend.earliest_timer``),
         so a timer due 0.3 ms after the loop went to sleep fired 1 ms after. Once per timer:
@@ -767,8 +770,7 @@ class Watcher:
         rounds, 5 ms of work back to back), a 1 kHz ``asyncio.sleep`` ticker's p99 lag went
         from 0.83-1.07 to 0.30-0.38 ms (``auto``, ``thread``, ``callback``), the process's CPU
         while it ticked from 11-20 % to 13-21 % of a core (it also ticked 8-16 % more often).
-        ``_park`` keeps none while only ``poll`` waits are pending: ``poll`` starts no thread
-        (its ticker's p99 there: 0.84 ms).
+        ``poll``'s ticker p99, kept by nothing: 0.84 ms.
         """
         timer = self._backend.earliest_timer()
         if timer is None:
@@ -776,6 +778,8 @@ class Watcher:
         when, delay = timer
         due = time.perf_counter() + delay  # the loop's clock may not be this one
         if when == self._kept_timer or not 0 < delay <= KEEP_TIMER_HORIZON or due >= wake_at:
+            return
+        if unless_only_poll and all(queue.entries[0].mode == "poll" for queue in self._queues.values()):
             return
         self._kept_timer = when
         _timer.timer().call_at(due + KEEP_TIMER_MARGIN, self._wake_loop_threadsafe)
