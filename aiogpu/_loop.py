@@ -228,14 +228,14 @@ class AsyncioBackend:
         try:
             frontier = [(scheduled[0]._when, 0)]
             for _ in range(_TIMERS_LOOKED_AT):
+                if not frontier:
+                    break
                 when, position = heapq.heappop(frontier)
                 if not scheduled[position]._cancelled:
                     return when, when - loop.time()  # type: ignore[union-attr]
                 for child in (2 * position + 1, 2 * position + 2):
                     if child < len(scheduled):
                         heapq.heappush(frontier, (scheduled[child]._when, child))
-                if not frontier:
-                    return None
         except (AttributeError, IndexError, TypeError):  # not the asyncio this was written against
             return None
         return None
