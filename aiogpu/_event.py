@@ -104,6 +104,8 @@ class Event:
         "_flags",
         "_generation",
         "_handle",
+        "_home_closing",
+        "_home_uses",
         "_lifetime",
         "_owner",
         "_record_sequence",
@@ -125,6 +127,8 @@ class Event:
     _recorded_at: float  # time.perf_counter() of the last recording
     _record_sequence: int  # process-wide order of recordings (streams complete in this order)
     _waiting: _Entry | None  # the wake engine's entry that new waits for this recording join
+    _home_uses: int  # pending waits of its home loop, which only that loop's thread counts (``_wait._holds``)
+    _home_closing: bool  # closed while some were pending: the last one lets go of the handle
 
     def __init__(
         self,
@@ -167,6 +171,8 @@ class Event:
         self._recorded_at = time.perf_counter()
         self._record_sequence = next(_record_sequence)
         self._waiting = None
+        self._home_uses = 0
+        self._home_closing = False
         destroy = device._driver.event_destroy if owner is None else None  # never destroy a borrowed event
         self._lifetime = HandleLifetime(self, "Event", handle, destroy)
 
@@ -404,8 +410,12 @@ class Event:
 
     # -- lifetime -----------------------------------------------------------------------------
     def close(self) -> None:
-        """Destroy the event. Idempotent; pending waits keep the handle alive until they end."""
-        self._lifetime.close()
+        """Destroy the event. Idempotent; pending waits keep the handle alive until they end.
+
+        Called from another thread than the loop that first awaited the event, the handle is
+        destroyed on that loop's next iteration (at once if the loop is closed)."""
+        if self._lifetime.close():
+            _wait.closed(self)
 
     def __enter__(self) -> Event:
         return self

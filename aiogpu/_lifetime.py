@@ -14,6 +14,9 @@ Invariants:
 - Interpreter exit closes every owned handle and destroys only those nobody uses:
   ``weakref.finalize`` runs the remaining finalizers at exit, while a daemon waiter thread may
   still be blocked in the driver on the handle; the driver frees it with the process.
+- A handle may have a home (``claim_home``): one user that holds a single use on behalf of
+  many, counted elsewhere without a lock (an event's home loop counts its waits on the event:
+  ``aiogpu._wait._holds``), and lets go of it once the handle is closed and they are over.
 """
 
 from __future__ import annotations
@@ -62,15 +65,17 @@ def _finalize_handle(lifetime: HandleLifetime, destroy: Callable[[int], None], h
 class HandleLifetime:
     """Tracks whether ``owner``'s handle is closed and in use, and destroys it when both allow."""
 
-    __slots__ = ("_closed", "_finalizer", "_kind", "_lock", "_uses")
+    __slots__ = ("_closed", "_finalizer", "_home", "_kind", "_lock", "_uses")
 
     def __init__(self, owner: object, kind: str, handle: int, destroy: Callable[[int], None] | None) -> None:
         self._kind = kind
         self._lock = threading.Lock()
         # One item per user: ``list.pop`` is atomic, so ``release`` needs the lock only once the
-        # handle is closed (every completed wait releases one, 10,000 in a fan-out).
+        # handle is closed (every waiter thread's job releases one, and every wait of a loop
+        # other than the home).
         self._uses: list[None] = []
         self._closed = False
+        self._home: object = None  # ``claim_home``: holds one of ``_uses`` until it lets go of it
         # A borrowed handle (destroy is None) is never destroyed by aiogpu.
         # Its arguments must never reach ``owner``, or the owner would never be collected.
         self._finalizer = weakref.finalize(owner, _finalize_handle, self, destroy, handle) if destroy else None
@@ -94,6 +99,20 @@ class HandleLifetime:
         with self._lock:
             self.check_open()
             self._uses.append(None)
+
+    @property
+    def home(self) -> object:
+        return self._home
+
+    def claim_home(self, home: object) -> object:
+        """Make ``home`` the handle's home unless it has one, holding one use on its behalf
+        (let go of with ``release``); returns the home. ``ClosedResourceError`` if closed."""
+        with self._lock:
+            self.check_open()
+            if self._home is None:
+                self._home = home
+                self._uses.append(None)
+            return self._home
 
     def retain(self) -> None:
         """One more user, allowed after ``close()`` while someone still uses the handle: a
@@ -120,11 +139,13 @@ class HandleLifetime:
             self._closed = True
             return not self._uses
 
-    def close(self) -> None:
+    def close(self) -> bool:
+        """Close; destroy the handle if nobody uses it. Whether this call closed it (once)."""
         with self._lock:
             if self._closed:
-                return
+                return False
             self._closed = True
             destroy_now = not self._uses
         if destroy_now and self._finalizer is not None:
             self._finalizer()
+        return True

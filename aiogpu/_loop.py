@@ -7,8 +7,9 @@
 - ``Backend.waker``: a thread-safe, non-blocking "run this soon on the loop". Foreign threads
   (aiogpu's waiter and timer threads) may only *schedule* a call on the loop: never run user
   code, never raise, never block. ``anyio.from_thread.run_sync`` is not an option: it waits
-  until the loop has run the call. A loop that has closed meanwhile is ignored: the task that
-  wanted the wake-up is gone with it.
+  until the loop has run the call. A loop that has closed meanwhile is ignored (``False``): the
+  task that wanted the wake-up is gone with it. ``Backend.runs_here``: whether the calling code
+  runs on the loop (its thread, inside its run).
 - ``Backend.spawn_system_task``: a background task that belongs to the loop, not to a user task.
 - ``Backend.earliest_timer``: the loop's own earliest timer, where the loop rounds its sleeps
   (asyncio's own loops): the watcher has it kept on time (``Watcher._keep_loop_timer``).
@@ -57,7 +58,8 @@ class Waiters(Protocol):
 
 
 class Backend(Protocol):
-    def waker(self, callback: Callable[[], object]) -> None: ...
+    def waker(self, callback: Callable[[], object]) -> bool: ...
+    def runs_here(self) -> bool: ...
     def new_signal(self) -> Signal: ...
     def set_signals(self, waking: list[Waiters]) -> None: ...
     def new_park(self) -> Park: ...
@@ -102,13 +104,19 @@ class AsyncioBackend:
         # resumes them, and only weakly here, so that a loop closed before running it is freed.
         self._batch: Callable[[], _Batch | None] = _no_batch
 
-    def waker(self, callback: Callable[[], object]) -> None:
+    def waker(self, callback: Callable[[], object]) -> bool:
         try:
             loop = self._loop()
             if loop is not None:
                 loop.call_soon_threadsafe(callback)
+                return True
         except RuntimeError:  # the loop was closed
             pass
+        return False
+
+    def runs_here(self) -> bool:
+        loop = self._loop()
+        return loop is not None and asyncio._get_running_loop() is loop
 
     def _running_loop(self) -> asyncio.AbstractEventLoop:
         loop = self._loop()
@@ -341,11 +349,18 @@ class TrioBackend:
         self._trio = trio
         self._token = trio.lowlevel.current_trio_token()
 
-    def waker(self, callback: Callable[[], object]) -> None:
+    def waker(self, callback: Callable[[], object]) -> bool:
         try:
             self._token.run_sync_soon(callback)
         except self._trio.RunFinishedError:
-            pass
+            return False
+        return True
+
+    def runs_here(self) -> bool:
+        try:
+            return self._trio.lowlevel.current_trio_token() is self._token
+        except RuntimeError:  # not in a trio run
+            return False
 
     def new_signal(self) -> Signal:
         return _TrioSignal(self._trio.Event())

@@ -148,6 +148,35 @@ def test_racing_releases_retains_and_close_destroy_once_and_never_in_use() -> No
         sys.setswitchinterval(interval)
 
 
+def test_loops_claiming_a_home_at_once_make_one_that_holds_one_use() -> None:
+    destroyed: list[int] = []
+    owner = Owner()
+    for _ in range(50):
+        lifetime = HandleLifetime(owner, "event", 5, destroyed.append)
+        claimants = [object() for _ in range(4)]
+        start = threading.Barrier(len(claimants))
+        homes: list[object] = []
+
+        def claim(claimant: object, lifetime: HandleLifetime, start: threading.Barrier, homes: list[object]) -> None:
+            start.wait()
+            homes.append(lifetime.claim_home(claimant))
+
+        threads = [threading.Thread(target=claim, args=(claimant, lifetime, start, homes)) for claimant in claimants]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert len(set(map(id, homes))) == 1 and homes[0] in claimants
+        assert lifetime.home is homes[0]
+        lifetime.close()
+        assert destroyed == []  # the home's use
+        lifetime.release()  # the home lets go
+        assert destroyed == [5]
+        destroyed.clear()
+    with pytest.raises(ClosedResourceError, match="this event is closed"):
+        lifetime.claim_home(object())
+
+
 def test_exit_leaves_a_handle_in_use_to_the_driver(monkeypatch: pytest.MonkeyPatch) -> None:
     # weakref.finalize calls the remaining finalizers at exit, owners alive or not, while a
     # daemon waiter thread may still be blocked in the driver on the handle.

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
-from . import _watcher
+from . import _holds, _watcher
 from ._strategy import STRATEGIES as STRATEGIES
 from ._strategy import WaitStrategy as WaitStrategy
 from ._strategy import check_strategy as check_strategy
@@ -73,6 +73,9 @@ class WaitTarget(Protocol):
     def _check_recorded(self, action: str) -> None: ...
 
     _waiting: _watcher._Entry | None  # set by the engine: the entry new waits for this recording join
+    _home_uses: int  # pending waits of the event's home loop (``_holds``)
+    _home_closing: bool  # closed while some were pending: the last one lets go of the home's use
 
 
 wait = _watcher.wait  # ``Event.wait``
+closed = _holds.closed  # ``Event.close``

@@ -51,12 +51,12 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from .. import _loop
-from . import _doorbell, _helpers, _predict, _thread, _timer
+from . import _doorbell, _helpers, _holds, _predict, _thread, _timer
 from ._strategy import WaitStrategy, check_strategy
 
 if TYPE_CHECKING:
     import asyncio
-    from collections.abc import Generator
+    from collections.abc import Callable, Generator
 
     from .._loop import Backend, Park, Signal, Waiters
     from . import WaitTarget
@@ -207,7 +207,7 @@ class _Entry:
     __slots__ = (
         "error",
         "generation",
-        "holds_handle",
+        "held",
         "mode",
         "more_signals",
         "serial",
@@ -218,12 +218,12 @@ class _Entry:
         "watcher",
     )
 
-    def __init__(self, watcher: Watcher, target: WaitTarget, mode: WaitStrategy, now: float) -> None:
+    def __init__(self, watcher: Watcher, target: WaitTarget, mode: WaitStrategy, now: float, held: int) -> None:
         self.watcher = watcher
         self.target = target
         # The entry, not each waiting task, keeps the handle alive through a close() while it is
-        # pending (``HandleLifetime``): released once, when it completes or its last task leaves.
-        self.holds_handle = True
+        # pending (``_holds``): let go of once, when it completes or its last task leaves.
+        self.held = held
         self.mode = mode
         self.started = now  # time.perf_counter() when the first task began waiting (hang reports)
         self.serial = next(_entry_serials)  # tells this wait from the others (hang reports); orders wake-ups
@@ -324,7 +324,7 @@ class Watcher:
         entry.leave(signal)
         if not entry.waiters:
             self._forget(entry)  # the queue drops it lazily
-            _release_handle(entry)  # never queried again: abandoned entries are skipped unasked
+            _let_go(entry)  # never queried again: abandoned entries are skipped unasked
 
     def _enqueue(self, entry: _Entry, now: float) -> None:
         """Queue ``entry`` in record order (waits may start in any order; streams complete in
@@ -688,8 +688,15 @@ class Watcher:
                 target._waiting = None
             woken += entry.waiters
             waking.append(entry)
-            if entry.holds_handle:
-                entry.holds_handle = False
+            held = entry.held
+            if held == _HOME:  # ``_holds.let_go``, written out
+                entry.held = _NOTHING
+                uses = target._home_uses - 1
+                target._home_uses = uses
+                if not uses and target._home_closing:
+                    _holds.leave_home(target)
+            elif held:
+                entry.held = _NOTHING
                 target._lifetime.release()
         self._woken += woken
 
@@ -783,6 +790,14 @@ class Watcher:
             return
         self._kept_timer = when
         _timer.timer().call_at(due + KEEP_TIMER_MARGIN, self._wake_loop_threadsafe)
+
+    def runs_here(self) -> bool:
+        """Whether the calling code runs on this watcher's loop (its thread, inside its run)."""
+        return self._backend.runs_here()
+
+    def call_soon_threadsafe(self, callback: Callable[[], object]) -> bool:
+        """Run ``callback`` on the loop soon (any thread); ``False`` if the loop is gone."""
+        return self._backend.waker(callback)
 
     def _wake_loop_threadsafe(self) -> None:
         self._backend.waker(_nothing)
@@ -917,18 +932,16 @@ class Watcher:
     def _complete(self, entry: _Entry) -> None:
         """The entry's work is done (or failed): its tasks are woken at the next ``_wake``.
 
-        ``_forget`` and ``_release_handle`` written out: this runs once per completed
-        recording, 10,000 times in a fan-out of waits on events of their own, where the two
-        calls cost 0.8 of 17.3 ms on a fake timeline (``_complete_oldest`` writes this out
-        too)."""
+        ``_forget`` written out: this runs once per completed recording, 10,000 times in a
+        fan-out of waits on events of their own, where it and letting go of the handle as
+        calls cost 0.8 of 17.3 ms on a fake timeline (``_complete_oldest``, which completes
+        most of them, writes out both)."""
         target = entry.target
         if target._waiting is entry:
             target._waiting = None
         self._woken += entry.waiters
         self._waking.append(entry)
-        if entry.holds_handle:
-            entry.holds_handle = False
-            target._lifetime.release()
+        _let_go(entry)
 
     def _wake(self) -> None:
         """Wake the tasks of the entries completed since the last call, in that order.
@@ -994,10 +1007,14 @@ def _joinable(target: WaitTarget, watcher: Watcher) -> _Entry | None:
     return None
 
 
-def _release_handle(entry: _Entry) -> None:
-    if entry.holds_handle:
-        entry.holds_handle = False
-        entry.target._lifetime.release()
+_NOTHING, _HOME = _holds.NOTHING, _holds.HOME
+
+
+def _let_go(entry: _Entry) -> None:
+    held = entry.held
+    if held:
+        entry.held = _NOTHING
+        _holds.let_go(entry.target, held)
 
 
 async def wait(target: WaitTarget, *, strategy: WaitStrategy | None = None) -> None:
@@ -1030,29 +1047,28 @@ async def wait(target: WaitTarget, *, strategy: WaitStrategy | None = None) -> N
     watcher = current()
     entry = _joinable(target, watcher)
     if entry is None:  # nobody waits for this recording yet: is it done already?
-        lifetime = target._lifetime
-        lifetime.acquire()  # held by the entry from here on (``_release_handle``)
+        held = _holds.hold(target, watcher)  # by the entry from here on (``_let_go``)
         try:
             done = target._driver.event_query(target._handle)
             if not done and mode not in _OFF_LOOP and not watcher._running:  # short work, idle watcher
                 if await watcher._spin_ahead(target):
-                    lifetime.release()
+                    _holds.let_go(target, held)
                     return  # it yielded before it saw the work done: checkpointed
                 entry = _joinable(target, watcher)  # others may have started waiting meanwhile
                 if entry is not None:
-                    lifetime.release()  # held by that entry already
+                    _holds.let_go(target, held)  # held by that entry already
         except BaseException:
-            lifetime.release()
+            _holds.let_go(target, held)
             raise
         if done:
-            lifetime.release()
+            _holds.let_go(target, held)
             await watcher._backend.yield_now()  # a checkpoint even when already done
             return
     driving = not watcher._running
     signal = _DriverFlag() if driving else watcher._backend.new_signal()
     if entry is None:
         now = time.perf_counter()
-        entry = _Entry(watcher, target, mode, now)
+        entry = _Entry(watcher, target, mode, now, held)
         target._waiting = entry
         entry.join(signal)  # before it is planned: a head without waiters is skipped
         watcher._enqueue(entry, now)
