@@ -16,7 +16,8 @@ Invariants:
   still be blocked in the driver on the handle; the driver frees it with the process.
 - A handle may have a home (``claim_home``): one user that holds a single use on behalf of
   many, counted elsewhere without a lock (an event's home loop counts its waits on the event:
-  ``aiogpu._wait._holds``), and lets go of it once the handle is closed and they are over.
+  ``aiogpu._wait._holds``), and lets go of it once the handle is closed and they are over. So
+  exit leaves the handle of an event that a loop awaited and nobody closed to the driver too.
 """
 
 from __future__ import annotations

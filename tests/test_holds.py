@@ -81,6 +81,33 @@ async def test_a_closed_event_is_destroyed_when_its_last_home_wait_ends(sim: Sim
         assert sim.statistics().live_events == live - 1
 
 
+async def test_a_close_that_runs_as_a_home_wait_starts_fails_the_wait_not_the_driver(
+    sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A finalizer or ``__del__`` closing the event on the home loop's thread right after the wait
+    # checked it was open: the home, with no wait pending, lets go of the handle at once, so the
+    # wait must not go on to use it.
+    from aiogpu._wait import _watcher
+
+    device = sim.device(0)
+    with aiogpu.Stream(device) as stream:
+        event = stream.record()
+        await event.wait()  # this loop is its home, and nothing is pending
+        current = _watcher.current
+
+        def closing_current() -> _watcher.Watcher:
+            watcher = current()
+            event.close()
+            return watcher
+
+        monkeypatch.setattr(_watcher, "current", closing_current)
+        live = sim.statistics().live_events
+        with pytest.raises(aiogpu.ClosedResourceError):
+            await event.wait()
+        assert sim.statistics().live_events == live - 1  # and never queried after (the fixture checks)
+        assert event._home_uses == 0
+
+
 async def test_close_from_another_thread_is_settled_on_the_home_loop(sim: SimulatedDriver) -> None:
     device = sim.device(0)
     with aiogpu.Stream(device) as stream, Latch(device) as latch:

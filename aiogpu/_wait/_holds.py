@@ -35,13 +35,18 @@ LIFETIME = 2
 
 def hold(target: WaitTarget, watcher: Watcher) -> int:
     """Keep ``target``'s handle alive for a wait of ``watcher``'s loop (its thread). Raises
-    ``ClosedResourceError`` if the event was closed before its first wait."""
+    ``ClosedResourceError`` if the event is closed."""
     lifetime = target._lifetime
     home = lifetime.home
     if home is None:
         home = lifetime.claim_home(watcher)
     if home is watcher:
         target._home_uses += 1
+        # Counted first, then checked: a close() that ran before the count, on this very thread
+        # (a finalizer, a ``__del__``), may have let go of the home's use already.
+        if lifetime.closed:
+            let_go(target, HOME)
+            lifetime.check_open()
         return HOME
     lifetime.acquire()
     return LIFETIME
