@@ -67,17 +67,22 @@ def markdown(result: dict[str, Any]) -> str:
         'where there are more waiters than kernels, except in the rows marked "own": there every waiter',
         "awaits an event of its own, a few recorded after each of the same kernels.",
         "CPU over the task floor is what the way of waiting adds per wait to the loop's cost of waking a task.",
+        "The host probe, a fixed pure-Python loop timed before each run (median and slowest), is how fast the",
+        "host ran Python then: fan-out walls are CPU-bound on the loop and the GPU floor is not, so runs at a",
+        "moment the probe took longer push the ratios up (it took 0.76-0.81 ms at some moments and",
+        "1.33-1.60 ms at others on the lent H200 machine, 2026-11-26).",
         "",
         "| loop | waiters | streams | events | strategy | wall ms | vs GPU floor | vs task floor | CPU µs/wait"
-        " | CPU over task floor µs/wait | best wall ms | best vs GPU floor | then freeing the tasks ms |",
-        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        " | CPU over task floor µs/wait | best wall ms | best vs GPU floor | then freeing the tasks ms | host probe ms |",
+        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in result["fanout"]:
         lines.append(
             f"| {row.get('loop', 'asyncio')} | {row['waiters']} | {row['streams']} | {row['events']}{' own' if row.get('own_events') else ''} | {row['strategy']} | {row['wall_ms']:.2f} | "
             f"{row['wall_ratio_to_floor']:.2f}x | {row['wall_ratio_to_task_floor']:.2f}x | {row['cpu_us_per_wait']:.2f} | "
             f"{row.get('cpu_us_per_wait_over_task_floor', float('nan')):+.2f} | {row.get('wall_ms_best', float('nan')):.2f} | "
-            f"{row.get('wall_best_ratio_to_floor', float('nan')):.2f}x | {row.get('freeing_ms', float('nan')):.2f} |"
+            f"{row.get('wall_best_ratio_to_floor', float('nan')):.2f}x | {row.get('freeing_ms', float('nan')):.2f} | "
+            f"{row.get('host_probe_ms', float('nan')):.2f} / {row.get('host_probe_slowest_ms', float('nan')):.2f} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -35,7 +35,8 @@ rest, as a waking engine does, with nothing to ask the driver but one synchroniz
 and host CPU per wait, in all and over the task floor's (what the way of waiting adds to
 the loop's own cost of waking a task). Each waiting task counts itself done on a shared
 countdown. Fan-out runs on asyncio and again on uvloop where it is installed (uvicorn's loop).
-The garbage collector is off while a fan-out runs (as ``timeit`` does).
+The garbage collector is off while a fan-out runs (as ``timeit`` does). Before each fan-out run
+a fixed pure-Python loop is timed (``host_probe``): how fast the host ran Python at that moment.
 
 Writes ``wake.json``, ``wake.md`` and ``wake.png`` (latency overhead against CPU per wait, one
 point per strategy and workload) to ``--out`` and prints a progress line per case. Without a
@@ -93,6 +94,8 @@ FANOUT_KERNEL = 20e-6
 #: 2026-11-25 the same engine took 11 ms in one round and 27 ms in the next) and the best run:
 #: what the way of waiting costs when the host does not get in the way.
 FANOUT_REPEATS = 7
+#: The host probe's loop: about 0.8 ms of pure Python on an H200 host at full speed.
+HOST_PROBE_STEPS = 20_000
 #: Each responsiveness probe runs at least this long per case, spread over the rounds (p99 of
 #: ~500 ticks, not ~5).
 LAG_SECONDS = 0.5
@@ -136,6 +139,30 @@ class FanoutRow:
     wall_ms_best: float
     wall_best_ratio_to_floor: float  # best run over the GPU floor's best run
     freeing_ms: float  # freeing the finished tasks after the clock stopped (median)
+    host_probe_ms: float  # ``host_probe`` before each run: median
+    host_probe_slowest_ms: float
+
+
+def host_probe() -> float:
+    """Seconds a fixed pure-Python loop takes (the best of three): how fast the host runs the
+    loop's own code at this moment.
+
+    A fan-out's wall is CPU-bound on the loop and the GPU floor's is not, so a host that runs
+    Python slower for a while pushes every fan-out ratio up. The lent H200 machine (driver
+    580.159.04, 2026-11-26) ran this in 0.76-0.81 ms at some moments and 1.33-1.60 ms at others,
+    with no steal time and no run-queue delay. Of 30 fan-outs of 10,000 waits with an event each
+    on 64 streams right after it (asyncio; ``auto`` and plain futures woken stream by stream), 24
+    took 13.9-16.0 ms after a quick probe or 21-28 ms after a slow one; the host changed pace
+    between the probe and the run in the other six.
+    """
+    best = math.inf
+    for _ in range(3):
+        started = time.perf_counter()
+        table: dict[int, int] = {}
+        for step in range(HOST_PROBE_STEPS):
+            table[step & 255] = step
+        best = min(best, time.perf_counter() - started)
+    return best
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -433,31 +460,25 @@ async def fanout_cases(device: aiogpu.Device, quick: bool, loop: str) -> list[Fa
     cases += [(waiters, nstreams, True) for waiters, nstreams in FANOUT_OWN_EVENTS]
     for waiters, nstreams, own_events in cases:
         names = [name for name in baselines.FANOUT_WAITERS if not (quick and name == "aiogpu thread" and waiters > 1000)]
-        runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in names}
+        runs: dict[str, list[tuple[float, float, float, float]]] = {name: [] for name in names}
         events = 0
         for repeat in range(1 if quick else FANOUT_REPEATS):  # interleaved: drift hits every waiter alike
             for name in names:
+                probe = host_probe()
                 wall, cpu, freeing, events = await fanout_case(device, name, waiters, nstreams, own_events)
-                runs[name].append((wall, cpu, freeing))
+                runs[name].append((wall, cpu, freeing, probe))
                 print(
                     f"fan-out {loop:7} {waiters:6} waiters {nstreams:3} streams ({events:5} events)  {name:40}"
                     f" wall {wall * 1e3:8.2f} ms  cpu/wait {cpu / waiters * 1e6:6.2f} us"
-                    f"  then freeing the tasks {freeing * 1e3:5.2f} ms  (run {repeat + 1})",
+                    f"  then freeing the tasks {freeing * 1e3:5.2f} ms  host probe {probe * 1e3:5.2f} ms  (run {repeat + 1})",
                     flush=True,
                 )
-        measured = [
-            (
-                name,
-                statistics.median(wall for wall, _, _ in runs[name]),
-                statistics.median(cpu for _, cpu, _ in runs[name]),
-                min(wall for wall, _, _ in runs[name]),
-                statistics.median(freeing for _, _, freeing in runs[name]),
-            )
-            for name in names
-        ]
-        floors = {name: (wall, cpu, best) for name, wall, cpu, best, _ in measured}
-        gpu_floor, _, gpu_floor_best = floors[baselines.FANOUT_GPU_FLOOR]
-        task_floor, task_floor_cpu, _ = floors[baselines.FANOUT_TASK_FLOOR]
+        measured = {}
+        for name in names:
+            walls, cpus, freeings, probes = zip(*runs[name], strict=True)
+            measured[name] = (statistics.median(walls), statistics.median(cpus), min(walls), statistics.median(freeings), probes)
+        gpu_floor, _, gpu_floor_best, _, _ = measured[baselines.FANOUT_GPU_FLOOR]
+        task_floor, task_floor_cpu, _, _, _ = measured[baselines.FANOUT_TASK_FLOOR]
         rows += [
             FanoutRow(
                 loop,
@@ -474,8 +495,10 @@ async def fanout_cases(device: aiogpu.Device, quick: bool, loop: str) -> list[Fa
                 best * 1e3,
                 best / gpu_floor_best,
                 freeing * 1e3,
+                statistics.median(probes) * 1e3,
+                max(probes) * 1e3,
             )
-            for name, wall, cpu, best, freeing in measured
+            for name, (wall, cpu, best, freeing, probes) in measured.items()
         ]
     return rows
 

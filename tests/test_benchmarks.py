@@ -78,6 +78,9 @@ def test_the_wake_benchmark_runs_on_the_simulated_device_and_labels_it(tmp_path:
             assert (row["events"] >= 10_000) if row["own_events"] else (row["events"] < 3_000)
     assert all(row["wall_ms"] > 0 and row["cpu_us_per_wait"] > 0 for row in result["fanout"])
     assert all(0 < row["wall_ms_best"] <= row["wall_ms"] for row in result["fanout"])  # the best run and the median
+    # How fast the host ran Python before each run: the median and the slowest, in the table too.
+    assert all(0 < row["host_probe_ms"] <= row["host_probe_slowest_ms"] for row in result["fanout"])
+    assert "The host probe, a fixed pure-Python loop" in (tmp_path / "wake.md").read_text()
     # The clock stops at the last wake-up; the finished tasks are still held then and freed
     # after it, timed apart: 10,000 of them take far longer than the GPU floor's none.
     freeing = {
