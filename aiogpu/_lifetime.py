@@ -18,6 +18,7 @@ Invariants:
   many, counted elsewhere without a lock (an event's home loop counts its waits on the event:
   ``aiogpu._wait._holds``), and lets go of it once the handle is closed and they are over. So
   exit leaves the handle of an event that a loop awaited and nobody closed to the driver too.
+  The home is held weakly (``home`` is ``None`` once it is collected).
 """
 
 from __future__ import annotations
@@ -76,7 +77,9 @@ class HandleLifetime:
         # other than the home).
         self._uses: list[None] = []
         self._closed = False
-        self._home: object = None  # ``claim_home``: holds one of ``_uses`` until it lets go of it
+        # ``claim_home``: holds one of ``_uses`` until it lets go of it. Weakly: a loop's watcher
+        # must not outlive its loop for as long as an event it once awaited stays open.
+        self._home: weakref.ref[object] | None = None
         # A borrowed handle (destroy is None) is never destroyed by aiogpu.
         # Its arguments must never reach ``owner``, or the owner would never be collected.
         self._finalizer = weakref.finalize(owner, _finalize_handle, self, destroy, handle) if destroy else None
@@ -102,18 +105,26 @@ class HandleLifetime:
             self._uses.append(None)
 
     @property
+    def homed(self) -> bool:
+        """Whether a home was claimed (``home`` is ``None`` once it has been collected)."""
+        return self._home is not None
+
+    @property
     def home(self) -> object:
-        return self._home
+        """The home, or ``None``: none was claimed, or it has been collected."""
+        home = self._home
+        return None if home is None else home()
 
     def claim_home(self, home: object) -> object:
         """Make ``home`` the handle's home unless it has one, holding one use on its behalf
-        (let go of with ``release``); returns the home. ``ClosedResourceError`` if closed."""
+        (let go of with ``release``); returns the home (``None`` if it has been collected).
+        ``ClosedResourceError`` if closed."""
         with self._lock:
             self.check_open()
             if self._home is None:
-                self._home = home
+                self._home = weakref.ref(home)
                 self._uses.append(None)
-            return self._home
+            return self._home()
 
     def retain(self) -> None:
         """One more user, allowed after ``close()`` while someone still uses the handle: a

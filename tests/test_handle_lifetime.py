@@ -153,7 +153,7 @@ def test_loops_claiming_a_home_at_once_make_one_that_holds_one_use() -> None:
     owner = Owner()
     for _ in range(50):
         lifetime = HandleLifetime(owner, "event", 5, destroyed.append)
-        claimants = [object() for _ in range(4)]
+        claimants = [Owner() for _ in range(4)]
         start = threading.Barrier(len(claimants))
         homes: list[object] = []
 
@@ -174,7 +174,7 @@ def test_loops_claiming_a_home_at_once_make_one_that_holds_one_use() -> None:
         assert destroyed == [5]
         destroyed.clear()
     with pytest.raises(ClosedResourceError, match="this event is closed"):
-        lifetime.claim_home(object())
+        lifetime.claim_home(Owner())
 
 
 def test_exit_leaves_a_handle_in_use_to_the_driver(monkeypatch: pytest.MonkeyPatch) -> None:

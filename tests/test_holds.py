@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import threading
+import weakref
 from functools import partial
 from typing import Any
 
@@ -198,4 +199,25 @@ async def test_waits_of_another_loop_hold_handle_uses_of_their_own(sim: Simulate
             latch.release()
             await anyio.to_thread.run_sync(thread.join, TIMEOUT)
         assert not errors, errors
+        assert sim.statistics().live_events == live - 1
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_an_event_does_not_keep_its_home_loops_watcher_alive(sim: SimulatedDriver, backend: str) -> None:
+    if backend == "trio":
+        pytest.importorskip("trio")
+    device = sim.device(0)
+    with aiogpu.Stream(device) as stream:
+        event = stream.record()
+        homes = []
+
+        async def wait() -> None:
+            await event.wait()
+            homes.append(weakref.ref(event._lifetime.home))
+
+        anyio.run(wait, backend=backend)
+        gc.collect()
+        assert homes[0]() is None  # collected with its loop
+        live = sim.statistics().live_events
+        event.close()  # its home is gone: the home's use goes back at once
         assert sim.statistics().live_events == live - 1

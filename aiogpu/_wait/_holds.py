@@ -15,7 +15,8 @@ H200 1.04-1.07 times (12 interleaved rounds; the CHANGELOG has the figures).
 Closing hands the home's use back once the home's waits are over, decided on the home loop's
 thread (``closed``): at once when ``close()`` runs there, else on the loop's next iteration; if
 the loop is gone (closed, or its trio run over), none of its waits can ask about the handle any
-more and the use goes back at once. An event closed after its loop stopped, before the loop
+more and the use goes back at once. The event holds its home weakly: a watcher collected with its
+loop is gone too. An event closed after its loop stopped, before the loop
 closed without running again, keeps its handle until the event is collected.
 """
 
@@ -74,10 +75,13 @@ def leave_home(target: WaitTarget) -> None:
 def closed(target: WaitTarget) -> None:
     """``target`` was just closed (any thread): its home lets go of its use once its waits are
     over. Called once, by the ``close()`` that closed it."""
-    home = cast("Watcher | None", target._lifetime.home)
-    if home is None:
+    lifetime = target._lifetime
+    if not lifetime.homed:
         return
-    if home.runs_here():
+    home = cast("Watcher | None", lifetime.home)
+    if home is None:  # collected with its loop: none of its waits asks about the handle any more
+        leave_home(target)
+    elif home.runs_here():
         _settle(target)
     elif not home.call_soon_threadsafe(lambda: _settle(target)):
         leave_home(target)  # its loop is gone: no wait of it asks about the handle any more
