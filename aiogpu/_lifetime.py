@@ -18,7 +18,7 @@ Invariants:
   many, counted elsewhere without a lock (an event's home loop counts its waits on the event:
   ``aiogpu._wait._holds``), and lets go of it once the handle is closed and they are over. So
   exit leaves the handle of an event that a loop awaited and nobody closed to the driver too.
-  The home is held weakly (``home`` is ``None`` once it is collected).
+  The home is held through a weak reference.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from __future__ import annotations
 import atexit
 import threading
 import weakref
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ._errors import AiogpuError, ClosedResourceError
 
@@ -77,9 +77,9 @@ class HandleLifetime:
         # other than the home).
         self._uses: list[None] = []
         self._closed = False
-        # ``claim_home``: holds one of ``_uses`` until it lets go of it. Weakly: a loop's watcher
-        # must not outlive its loop for as long as an event it once awaited stays open.
-        self._home: weakref.ref[object] | None = None
+        # ``claim_home``: holds one of ``_uses`` until it lets go of it. A weak reference: a loop's
+        # watcher must not outlive its loop for as long as an event it once awaited stays open.
+        self._home: weakref.ref[Any] | None = None
         # A borrowed handle (destroy is None) is never destroyed by aiogpu.
         # Its arguments must never reach ``owner``, or the owner would never be collected.
         self._finalizer = weakref.finalize(owner, _finalize_handle, self, destroy, handle) if destroy else None
@@ -105,26 +105,21 @@ class HandleLifetime:
             self._uses.append(None)
 
     @property
-    def homed(self) -> bool:
-        """Whether a home was claimed (``home`` is ``None`` once it has been collected)."""
-        return self._home is not None
+    def home(self) -> weakref.ref[Any] | None:
+        """The home's weak reference (dead once the home is collected), ``None`` if none."""
+        return self._home
 
-    @property
-    def home(self) -> object:
-        """The home, or ``None``: none was claimed, or it has been collected."""
-        home = self._home
-        return None if home is None else home()
-
-    def claim_home(self, home: object) -> object:
-        """Make ``home`` the handle's home unless it has one, holding one use on its behalf
-        (let go of with ``release``); returns the home (``None`` if it has been collected).
+    def claim_home(self, home: weakref.ref[Any]) -> weakref.ref[Any]:
+        """Make ``home``'s referent the handle's home unless it has one, holding one use on its
+        behalf (let go of with ``release``); returns the home's weak reference. The home passes
+        the one reference it always uses, so that it knows itself by identity, with no call.
         ``ClosedResourceError`` if closed."""
         with self._lock:
             self.check_open()
             if self._home is None:
-                self._home = weakref.ref(home)
+                self._home = home
                 self._uses.append(None)
-            return self._home()
+            return self._home
 
     def retain(self) -> None:
         """One more user, allowed after ``close()`` while someone still uses the handle: a

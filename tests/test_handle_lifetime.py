@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import weakref
 
 import pytest
 
@@ -155,18 +156,18 @@ def test_loops_claiming_a_home_at_once_make_one_that_holds_one_use() -> None:
         lifetime = HandleLifetime(owner, "event", 5, destroyed.append)
         claimants = [Owner() for _ in range(4)]
         start = threading.Barrier(len(claimants))
-        homes: list[object] = []
+        homes: list[weakref.ref[object]] = []
 
-        def claim(claimant: object, lifetime: HandleLifetime, start: threading.Barrier, homes: list[object]) -> None:
+        def claim(claimant: object, lifetime: HandleLifetime, start: threading.Barrier, homes: list[weakref.ref[object]]) -> None:
             start.wait()
-            homes.append(lifetime.claim_home(claimant))
+            homes.append(lifetime.claim_home(weakref.ref(claimant)))
 
         threads = [threading.Thread(target=claim, args=(claimant, lifetime, start, homes)) for claimant in claimants]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
-        assert len(set(map(id, homes))) == 1 and homes[0] in claimants
+        assert len(set(map(id, homes))) == 1 and homes[0]() in claimants
         assert lifetime.home is homes[0]
         lifetime.close()
         assert destroyed == []  # the home's use
@@ -174,7 +175,7 @@ def test_loops_claiming_a_home_at_once_make_one_that_holds_one_use() -> None:
         assert destroyed == [5]
         destroyed.clear()
     with pytest.raises(ClosedResourceError, match="this event is closed"):
-        lifetime.claim_home(Owner())
+        lifetime.claim_home(weakref.ref(claimants[0]))
 
 
 def test_exit_leaves_a_handle_in_use_to_the_driver(monkeypatch: pytest.MonkeyPatch) -> None:

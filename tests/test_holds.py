@@ -209,15 +209,15 @@ def test_an_event_does_not_keep_its_home_loops_watcher_alive(sim: SimulatedDrive
     device = sim.device(0)
     with aiogpu.Stream(device) as stream:
         event = stream.record()
-        homes = []
+        homes: list[weakref.ref[object] | None] = []
 
         async def wait() -> None:
             await event.wait()
-            homes.append(weakref.ref(event._lifetime.home))
+            homes.append(event._lifetime.home)
 
         anyio.run(wait, backend=backend)
         gc.collect()
-        assert homes[0]() is None  # collected with its loop
+        assert homes[0] is not None and homes[0]() is None  # collected with its loop
         live = sim.statistics().live_events
         event.close()  # its home is gone: the home's use goes back at once
         assert sim.statistics().live_events == live - 1

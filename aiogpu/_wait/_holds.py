@@ -41,8 +41,8 @@ def hold(target: WaitTarget, watcher: Watcher) -> int:
     lifetime = target._lifetime
     home = lifetime.home
     if home is None:
-        home = lifetime.claim_home(watcher)
-    if home is watcher:
+        home = lifetime.claim_home(watcher.weak_self)
+    if home is watcher.weak_self:
         target._home_uses += 1
         # Counted first, then checked: a close() that ran before the count, on this very thread
         # (a finalizer, a ``__del__``), may have let go of the home's use already.
@@ -75,10 +75,10 @@ def leave_home(target: WaitTarget) -> None:
 def closed(target: WaitTarget) -> None:
     """``target`` was just closed (any thread): its home lets go of its use once its waits are
     over. Called once, by the ``close()`` that closed it."""
-    lifetime = target._lifetime
-    if not lifetime.homed:
+    home_reference = target._lifetime.home
+    if home_reference is None:
         return
-    home = cast("Watcher | None", lifetime.home)
+    home = cast("Watcher | None", home_reference())
     if home is None:  # collected with its loop: none of its waits asks about the handle any more
         leave_home(target)
     elif home.runs_here():

@@ -298,6 +298,9 @@ class _Queue:
 class Watcher:
     def __init__(self, backend: Backend) -> None:
         self._backend = backend
+        # How the events this loop awaited first refer to it as their home (``_holds``): weakly,
+        # and always through this one reference, which tells it apart by identity.
+        self.weak_self = weakref.ref(self)
         self._queues: dict[object, _Queue] = {}  # streams with pending waits
         self._idle_queues: dict[object, _Queue] = {}  # streams waited on lately, oldest first
         self._running = False
