@@ -15,9 +15,9 @@ H200 1.04-1.07 times (12 interleaved rounds; the CHANGELOG has the figures).
 Closing hands the home's use back once the home's waits are over, decided on the home loop's
 thread (``closed``): at once when ``close()`` runs there, else on the loop's next iteration; if
 the loop is gone (closed, or its trio run over), none of its waits can ask about the handle any
-more and the use goes back at once. The event holds its home weakly: a watcher collected with its
-loop is gone too. An event closed after its loop stopped, before the loop
-closed without running again, keeps its handle until the event is collected.
+more and the use goes back at once, as it does when the home's watcher was collected with its loop
+(the event refers to it weakly). An event closed after its loop stopped, before the loop closed
+without running again, keeps its handle until the event is collected.
 """
 
 from __future__ import annotations
