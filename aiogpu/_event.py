@@ -298,6 +298,7 @@ class Event:
     def _mark_recorded(self, stream_key: object) -> None:
         self._recorded = True
         self._generation += 1
+        self._waiting = None  # no wait joins the last recording's entry: let go of it (``close``)
         self._stream_key = stream_key
         self._recorded_at = time.perf_counter()
         self._record_sequence = next(_record_sequence)
@@ -415,6 +416,9 @@ class Event:
         Called from another thread than the loop that first awaited the event, the handle is
         destroyed on that loop's next iteration (at once if the loop is closed)."""
         if self._lifetime.close():
+            # No wait joins its entry any more. Held, it would keep the waiting tasks' loop alive
+            # after the loop was closed with them pending (its futures refer to it).
+            self._waiting = None
             _wait.closed(self)
 
     def __enter__(self) -> Event:

@@ -95,7 +95,6 @@ class AsyncioBackend:
         # Weakly: the loop's watcher is kept in a dictionary keyed weakly by the loop, and a
         # strong reference from it would keep every loop that ever awaited an event alive.
         self._loop = weakref.ref(loop)
-        self._tasks: set[asyncio.Task[None]] = set()  # strong references to system tasks
         # asyncio's own loops schedule a callback in Python (a ``Handle`` and its run, ~1 µs
         # each): their waiting tasks park (``_AsyncioPark``), and those woken together resume
         # in one callback. uvloop schedules in C, where a future is as quick and cheaper to make.
@@ -199,11 +198,11 @@ class AsyncioBackend:
             raise
 
     def spawn_system_task(self, function: Callable[[], Awaitable[None]], ended: Callable[[object], None]) -> object:
-        """Returns the task; ``ended(task)`` is called once it is done, however it ended (a task
-        cancelled before its first step never ran ``function``, nor its ``finally``)."""
+        """Returns the task, which the caller keeps (asyncio refers to tasks weakly); ``ended(task)``
+        is called once it is done, however it ended (a task cancelled before its first step never
+        ran ``function``, nor its ``finally``). Kept here, a task that ended after the loop's last
+        iteration would keep the loop alive."""
         task: asyncio.Task[None] = self._running_loop().create_task(function())  # type: ignore[arg-type]
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
         task.add_done_callback(ended)
         return task
 

@@ -20,7 +20,7 @@ import anyio.lowlevel
 import pytest
 
 import aiogpu
-from aiogpu.testing import Latch
+from aiogpu.testing import Latch, SimulatedDriver
 
 #: The loops of the four threads: (anyio backend, backend options).
 LOOPS: list[tuple[str, dict[str, Any]]] = [("asyncio", {}), ("trio", {}), ("asyncio", {"use_uvloop": True}), ("trio", {})]
@@ -174,6 +174,117 @@ def test_a_loop_that_awaited_events_is_not_kept_alive_after_it_closed(sim: Any) 
         asyncio.run(await_one())
     gc.collect()
     assert [loop() for loop in loops] == [None, None, None]
+
+
+def _new_asyncio_loop(kind: str) -> Any:
+    import asyncio
+
+    if kind == "uvloop":
+        return pytest.importorskip("uvloop").new_event_loop()
+    return asyncio.new_event_loop()
+
+
+def _collected(reference: Any, timeout: float = 10.0) -> bool:
+    """Whether ``reference``'s object is collected within ``timeout``: a waiter thread, the timer
+    thread or the doorbell lets go of a dropped loop's watcher once it has poked it (in vain)."""
+    import gc
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        gc.collect()
+        if reference() is None:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
+def test_a_loop_closed_with_waits_pending_is_collected_with_its_tasks(
+    device: aiogpu.Device, strategy: aiogpu.WaitStrategy, loop_kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Closed without cancelling its tasks (``asyncio.run`` and anyio cancel them first): the
+    # watcher, held by the registry of loops only while it is idle, no longer keeps it alive.
+    import asyncio
+    import weakref
+
+    from tests.helpers import settle_waiter_threads
+
+    unraisable: list[Any] = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)  # a finalizer that failed
+    reported: list[str] = []
+    with aiogpu.Stream(device) as stream, Latch(device) as latch:
+        latch.block(stream)
+        shared, own = stream.record(), stream.record()
+        loop = _new_asyncio_loop(loop_kind)
+        loop.set_exception_handler(lambda loop, context: reported.append(context["message"]))
+
+        async def start_waits() -> None:
+            for event in (shared, shared, own):  # the driving task, one sharing its entry, another
+                asyncio.get_running_loop().create_task(event.wait(strategy=strategy))
+            await anyio.wait_all_tasks_blocked()
+            assert sum(wait.waiters for wait in aiogpu.pending_waits()) == 3
+
+        loop.run_until_complete(start_waits())
+        loop.close()
+        dropped = weakref.ref(loop)
+        del loop
+        latch.release()
+        shared.synchronize()
+        settle_waiter_threads()
+        # The events are the caller's: until closed or recorded again, an event holds the entry
+        # of its pending wait, whose futures refer to their loop, as any future does.
+        shared.close()
+        own.record(stream)
+        assert _collected(dropped), "the closed loop is kept alive"
+        own.close()
+    assert reported == ["Task was destroyed but it is pending!"] * 3
+    assert unraisable == []
+    if isinstance(device._driver, SimulatedDriver):  # every handle the waits held was destroyed
+        assert device._driver.statistics().live_events == 0
+
+
+@pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
+def test_a_wait_whose_task_nobody_refers_to_completes(
+    device: aiogpu.Device, strategy: aiogpu.WaitStrategy, loop_kind: str
+) -> None:
+    # asyncio refers to tasks weakly; while waits are pending the loop keeps its watcher, and the
+    # watcher the waiting tasks, as a pending read keeps its task through the loop's selector.
+    import asyncio
+    import gc
+
+    woken: list[aiogpu.Event] = []
+    loop = _new_asyncio_loop(loop_kind)
+    try:
+        with aiogpu.Stream(device) as stream, Latch(device) as latch:
+            latch.block(stream)
+            shared, own = stream.record(), stream.record()
+
+            async def wait(event: aiogpu.Event, all_woken: asyncio.Event) -> None:
+                await event.wait(strategy=strategy)
+                woken.append(event)
+                if len(woken) == 3:
+                    all_woken.set()
+
+            async def main() -> None:
+                all_woken = asyncio.Event()
+                for event in (shared, shared, own):
+                    loop.create_task(wait(event, all_woken))  # no reference kept
+                await anyio.wait_all_tasks_blocked()
+                assert sum(wait.waiters for wait in aiogpu.pending_waits()) == 3
+                gc.collect()
+                await asyncio.sleep(0)
+                gc.collect()
+                latch.release()
+                await asyncio.wait_for(all_woken.wait(), TIMEOUT)
+
+            loop.run_until_complete(main())
+            shared.close()
+            own.close()
+    finally:
+        loop.close()
+    assert sorted(map(id, woken)) == sorted(map(id, (shared, shared, own)))
 
 
 def test_trio_running_as_a_guest_of_asyncio_waits_through_trio(device: aiogpu.Device, strategy: aiogpu.WaitStrategy) -> None:

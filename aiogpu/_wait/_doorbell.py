@@ -40,7 +40,7 @@ class Doorbell:
         if self._libc.sem_init(self._semaphore, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "sem_init failed")
         self._lock = threading.Lock()
-        self._listeners: dict[Callable[[], None], None] = {}
+        self._listeners: dict[Callable[[], bool], None] = {}
         self._running = False
 
     @property
@@ -59,15 +59,16 @@ class Doorbell:
         """Ring from Python (the simulated driver's host functions)."""
         self._libc.sem_post(self._semaphore)
 
-    def listen(self, poke: Callable[[], None]) -> None:
-        """Call ``poke`` (thread-safe, non-blocking) at every ring until :meth:`ignore`."""
+    def listen(self, poke: Callable[[], bool]) -> None:
+        """Call ``poke`` (thread-safe, non-blocking) at every ring until :meth:`ignore`, or until
+        it returns ``False`` (its loop is gone: closed with the wait pending, it never ignores)."""
         with self._lock:
             self._listeners[poke] = None
             if not self._running:
                 self._running = True
                 threading.Thread(target=self._run, name="aiogpu-doorbell", daemon=True).start()
 
-    def ignore(self, poke: Callable[[], None]) -> None:
+    def ignore(self, poke: Callable[[], bool]) -> None:
         with self._lock:
             self._listeners.pop(poke, None)
 
@@ -75,19 +76,26 @@ class Doorbell:
         idle_since = time.monotonic()
         while True:
             if self._wait(1.0):
-                with self._lock:
-                    listeners = list(self._listeners)
-                for poke in listeners:
-                    try:
-                        poke()
-                    except Exception:  # a poke only schedules; never let it kill the doorbell
-                        pass
+                self._poke_listeners()
             with self._lock:
                 if self._listeners:
                     idle_since = time.monotonic()
                 elif time.monotonic() - idle_since > IDLE_SECONDS:
                     self._running = False
                     return
+
+    def _poke_listeners(self) -> None:
+        """A method of its own: the thread then waits for the next ring (for seconds) with no
+        listener in its frame, which would keep its watcher alive, and a loop dropped with waits
+        pending along with it."""
+        with self._lock:
+            listeners = list(self._listeners)
+        for poke in listeners:
+            try:
+                if not poke():
+                    self.ignore(poke)
+            except Exception:  # a poke only schedules; never let it kill the doorbell
+                pass
 
     def _wait(self, timeout: float) -> bool:
         """Wait for a ring (GIL released); False on timeout. Consecutive rings coalesce."""

@@ -40,13 +40,13 @@ _helpers: weakref.WeakKeyDictionary[Driver, dict[int, list[int]]] = weakref.Weak
 KEEP_IDLE_HELPERS = 16
 
 
-def arm(target: WaitTarget, doorbell: Doorbell, poke: Callable[[], None]) -> None:
+def arm(target: WaitTarget, doorbell: Doorbell, poke: Callable[[], object]) -> None:
     """Ring ``doorbell`` once ``target``'s recorded work is done; ``poke`` if arming fails."""
     target._lifetime.retain()  # the pending wait holds it; it must outlive the cuStreamWaitEvent below
     _armer().call_at(0.0, lambda: _arm(target, doorbell, poke))
 
 
-def _arm(target: WaitTarget, doorbell: Doorbell, poke: Callable[[], None]) -> None:
+def _arm(target: WaitTarget, doorbell: Doorbell, poke: Callable[[], object]) -> None:
     try:
         driver, device = target._driver, target._device
         helper = _idle_helper(driver, device)

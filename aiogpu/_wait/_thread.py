@@ -65,7 +65,7 @@ class Subscriber:
 
     __slots__ = ("detected_at", "done_index", "job", "notify", "outcome", "pending_at")
 
-    def __init__(self, notify: Callable[[], None], job: _Job) -> None:
+    def __init__(self, notify: Callable[[], object], job: _Job) -> None:
         self.notify = notify
         self.job = job
         self.outcome: BaseException | None = None
@@ -130,7 +130,7 @@ class _Pool:
         self._serial = 0
         self._watches = 0
 
-    def subscribe(self, target: WaitTarget, notify: Callable[[], None], spin_from: float | None = None) -> Subscriber:
+    def subscribe(self, target: WaitTarget, notify: Callable[[], object], spin_from: float | None = None) -> Subscriber:
         key = (id(target), target._generation)
         with self._lock:
             job = self._jobs.get(key)
@@ -140,7 +140,7 @@ class _Pool:
             job.subscribers[subscriber] = None
         return subscriber
 
-    def watch_any(self, targets: tuple[WaitTarget, ...], notify: Callable[[], None]) -> Subscriber:
+    def watch_any(self, targets: tuple[WaitTarget, ...], notify: Callable[[], object]) -> Subscriber:
         """One thread queries ``targets`` in turn, with growing pauses, and ends at the first one
         done (``done_index``), or at its next round once unsubscribed; shared with nobody.
 
@@ -230,30 +230,37 @@ class _Pool:
     def _run(self) -> None:
         precise_sleeps()  # its pauses and its sleep until a predicted completion
         while (job := self._next_job()) is not None:
-            outcome: BaseException | None = None
-            seen: tuple[float, int] | None = (0.0, -1)
-            try:
-                seen = self._wait_for(job) if len(job.targets) == 1 else self._wait_for_any(job)
-            except Exception as exc:  # delivered to every subscriber, never raised here
-                outcome = exc
-            if seen is None:  # every subscriber left: the job is forgotten already
-                _release_targets(job)
-                continue
-            pending_at, done_index = seen
-            detected_at = time.perf_counter()
-            with self._lock:
-                self._forget(job)
-                subscribers = list(job.subscribers)
-                job.subscribers.clear()  # late unsubscribes become no-ops
-            try:
-                for subscriber in subscribers:
-                    subscriber.outcome = outcome
-                    subscriber.detected_at = detected_at
-                    subscriber.pending_at = pending_at
-                    subscriber.done_index = done_index
-                _notify(subscribers)
-            finally:
-                _release_targets(job)
+            self._serve(job)
+            # The thread may idle for seconds: keep nothing alive meanwhile that the job referred
+            # to (its events, its subscribers' watchers: one of a loop dropped with waits
+            # pending would keep that loop alive).
+            del job
+
+    def _serve(self, job: _Job) -> None:
+        outcome: BaseException | None = None
+        seen: tuple[float, int] | None = (0.0, -1)
+        try:
+            seen = self._wait_for(job) if len(job.targets) == 1 else self._wait_for_any(job)
+        except Exception as exc:  # delivered to every subscriber, never raised here
+            outcome = exc
+        if seen is None:  # every subscriber left: the job is forgotten already
+            _release_targets(job)
+            return
+        pending_at, done_index = seen
+        detected_at = time.perf_counter()
+        with self._lock:
+            self._forget(job)
+            subscribers = list(job.subscribers)
+            job.subscribers.clear()  # late unsubscribes become no-ops
+        try:
+            for subscriber in subscribers:
+                subscriber.outcome = outcome
+                subscriber.detected_at = detected_at
+                subscriber.pending_at = pending_at
+                subscriber.done_index = done_index
+            _notify(subscribers)
+        finally:
+            _release_targets(job)
 
     def _wait_for(self, job: _Job) -> tuple[float, int] | None:
         """Block this (waiter) thread until the job's work is complete, or until nobody waits

@@ -52,12 +52,12 @@ class Timer:
         self._name = name
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
-        self._heap: list[tuple[float, int, Callable[[], None]]] = []
+        self._heap: list[tuple[float, int, Callable[[], object]]] = []
         self._live: set[int] = set()  # handles neither fired nor cancelled
         self._serial = itertools.count()
         self._running = False
 
-    def call_at(self, when: float, callback: Callable[[], None]) -> int:
+    def call_at(self, when: float, callback: Callable[[], object]) -> int:
         """Run ``callback`` on the timer thread at ``time.perf_counter() == when``; return a handle."""
         with self._lock:
             handle = next(self._serial)

@@ -316,6 +316,7 @@ class Watcher:
         # (a released backlog), so the next stream with a backlog is asked about its newest first.
         self._behind = False
         self._kept_timer: float | None = None  # the loop timer last kept on time (when, by the loop's clock)
+        self._registration: _Registration | None = None  # how the asyncio registry holds it (``current``)
 
     # -- the waiting task's side (``wait`` below) ---------------------------------------------
     def pending(self) -> list[_Entry]:
@@ -453,10 +454,12 @@ class Watcher:
         return True
 
     def _hand_over(self) -> None:
-        """A waiting task stops driving: the system task takes over what is left."""
-        if self._queues:
+        """A waiting task stops driving: the system task takes over what is left (unless the loop
+        is gone: its coroutine was collected with the loop's other tasks, ``_fail_all``)."""
+        if self._queues and self._backend.runs_here():
             self._system_task = self._backend.spawn_system_task(self._run, self._system_task_ended)
         else:
+            self._fail_all(RuntimeError("the event loop is gone"))
             self._stop()
 
     def _system_task_ended(self, task: object) -> None:
@@ -477,6 +480,12 @@ class Watcher:
         finally:
             self._stop()
 
+    def _start(self) -> None:
+        """A waiting task starts driving: from now on the loop keeps the watcher (``_Registration``)."""
+        self._running = True
+        if self._registration is not None:
+            self._registration.idle = None
+
     def _stop(self) -> None:
         self._running = False
         self._system_task = None
@@ -485,6 +494,8 @@ class Watcher:
         if self._listening:
             self._listening = False
             _doorbell.doorbell().ignore(self._poke_threadsafe)
+        if self._registration is not None:  # nothing is pending: it refers to nothing of its loop
+            self._registration.idle = self
 
     def _sweep(self, now: float) -> bool:
         """Sweep the queues in order until ``SWEEP_WAKE_BUDGET`` tasks are woken. Returns whether
@@ -817,8 +828,9 @@ class Watcher:
         if self._parked is not None:
             self._parked.wake_in_callback()
 
-    def _poke_threadsafe(self) -> None:
-        self._backend.waker(self._poke_in_callback)
+    def _poke_threadsafe(self) -> bool:
+        """Look again soon (any thread); ``False`` if the loop is gone."""
+        return self._backend.waker(self._poke_in_callback)
 
     # -- per-queue bookkeeping ----------------------------------------------------------------
     def _new_head(self, queue: _Queue, now: float, *, after_progress: bool = False) -> None:
@@ -984,10 +996,20 @@ class Watcher:
         self._wake()
 
     def _fail_all(self, error: BaseException) -> None:
+        """Fail every pending wait with ``error``. Off the loop, where the driving coroutine is
+        closed as it is collected with a loop that was dropped with waits pending, none of the
+        loop's tasks runs again: their events are let go of, and nobody is woken."""
+        woken = self._backend.runs_here()
         for queue in list(self._queues.values()):
-            self._fail_queue(queue, error)
+            if woken:
+                self._fail_queue(queue, error)
+            else:
+                for entry in queue.entries:
+                    self._complete(entry)
+                queue.entries.clear()
             self._drop_backstop(queue)
         self._queues.clear()
+        self._waking.clear()
 
 
 def _nothing() -> None:
@@ -1082,7 +1104,7 @@ async def wait(target: WaitTarget, *, strategy: WaitStrategy | None = None) -> N
             watcher._poke()
             await signal  # a park or the loop's future itself: no frame more on the wake-up
         else:  # nobody watches: this task does, so its own wake-up costs no hand-off
-            watcher._running = True
+            watcher._start()
             try:
                 await watcher._drive(until=signal)
             finally:
@@ -1094,7 +1116,24 @@ async def wait(target: WaitTarget, *, strategy: WaitStrategy | None = None) -> N
         raise copy.copy(entry.error)
 
 
-_asyncio_watchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Watcher] = weakref.WeakKeyDictionary()
+class _Registration:
+    """How the registry of asyncio loops' watchers holds one: strongly while it is idle, when it
+    refers to nothing of its loop (only to what it learned: predictions, lateness), and weakly
+    while waits are pending. It then refers to its loop (the waiting tasks' futures, the driving
+    task), and the loop to it: the driving task is in the loop's ready queue, behind one of its
+    timers, or about to be poked by aiogpu's timer or a waiter thread. Held strongly then, a loop
+    dropped with waits pending (closed without cancelling its tasks) would never be collected,
+    nor its tasks, nor the events they waited for: a weak dictionary's value must not refer to
+    its key."""
+
+    __slots__ = ("idle", "watcher")
+
+    def __init__(self, watcher: Watcher) -> None:
+        self.watcher = watcher.weak_self
+        self.idle: Watcher | None = watcher
+
+
+_asyncio_watchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Registration] = weakref.WeakKeyDictionary()
 #: The last (loop, watcher) looked up, both weakly (the watcher refers to its loop): spares the
 #: dictionary lookup, and keeps neither a closed loop nor what its watcher refers to alive.
 _last_asyncio: tuple[weakref.ref[asyncio.AbstractEventLoop], weakref.ref[Watcher]] | None = None
@@ -1110,10 +1149,12 @@ def current() -> Watcher:
         last = _last_asyncio
         if last is not None and last[0]() is loop and (cached := last[1]()) is not None:
             return cached
-        watcher = _asyncio_watchers.get(loop)
+        registration = _asyncio_watchers.get(loop)
+        watcher = None if registration is None else registration.watcher()
         if watcher is None:
-            watcher = _asyncio_watchers[loop] = Watcher(_loop.AsyncioBackend(loop))
-        _last_asyncio = (weakref.ref(loop), weakref.ref(watcher))
+            watcher = Watcher(_loop.AsyncioBackend(loop))
+            watcher._registration = _asyncio_watchers[loop] = _Registration(watcher)
+        _last_asyncio = (weakref.ref(loop), watcher.weak_self)
         return watcher
     if trio is None:
         raise RuntimeError("aiogpu waits need a running asyncio, uvloop or trio event loop")
