@@ -456,11 +456,12 @@ class Watcher:
     def _hand_over(self) -> None:
         """A waiting task stops driving: the system task takes over what is left (unless the loop
         is gone: its coroutine was collected with the loop's other tasks, ``_fail_all``)."""
-        if self._queues and self._backend.runs_here():
-            self._system_task = self._backend.spawn_system_task(self._run, self._system_task_ended)
-        else:
+        if self._queues:
+            if self._backend.runs_here():
+                self._system_task = self._backend.spawn_system_task(self._run, self._system_task_ended)
+                return
             self._fail_all(RuntimeError("the event loop is gone"))
-            self._stop()
+        self._stop()
 
     def _system_task_ended(self, task: object) -> None:
         """``_run`` stops the watcher however it ends, unless it never ran: cancelled before its
