@@ -184,15 +184,37 @@ def _new_asyncio_loop(kind: str) -> Any:
     return asyncio.new_event_loop()
 
 
+def _collect_holding_aiogpus_locks() -> None:
+    """``gc.collect()`` on a thread that holds the waiter pool's, the timer's and the doorbell's
+    locks: the collector runs finalizers on whichever thread it interrupts, inside such a lock
+    too, so one that took a lock of aiogpu's could deadlock that thread."""
+    import contextlib
+    import gc
+
+    from aiogpu._wait import _doorbell, _thread, _timer
+
+    locks = [_thread.pool()._lock, _timer.timer()._lock, _doorbell.doorbell()._lock]
+
+    def collect() -> None:
+        with contextlib.ExitStack() as held:
+            for lock in locks:
+                held.enter_context(lock)
+            gc.collect()
+
+    collector = threading.Thread(target=collect, daemon=True)
+    collector.start()
+    collector.join(TIMEOUT)
+    assert not collector.is_alive(), "a finalizer waits for a lock of aiogpu's"
+
+
 def _collected(reference: Any, timeout: float = 10.0) -> bool:
     """Whether ``reference``'s object is collected within ``timeout``: a waiter thread, the timer
     thread or the doorbell lets go of a dropped loop's watcher once it has poked it (in vain)."""
-    import gc
     import time
 
     deadline = time.monotonic() + timeout
     while True:
-        gc.collect()
+        _collect_holding_aiogpus_locks()
         if reference() is None:
             return True
         if time.monotonic() > deadline:

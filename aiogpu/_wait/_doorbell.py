@@ -69,8 +69,9 @@ class Doorbell:
                 threading.Thread(target=self._run, name="aiogpu-doorbell", daemon=True).start()
 
     def ignore(self, poke: Callable[[], bool]) -> None:
-        with self._lock:
-            self._listeners.pop(poke, None)
+        # No lock: ``dict.pop`` is atomic, and a finalizer may ignore (a driving wait's coroutine
+        # collected with its loop) on a thread that holds the lock, interrupted by the collector.
+        self._listeners.pop(poke, None)
 
     def _run(self) -> None:
         idle_since = time.monotonic()

@@ -25,6 +25,9 @@ class PerProcess(Generic[T]):
         os.register_at_fork(after_in_child=self._forget)
 
     def get(self) -> T:
+        value = self._value  # made already: no lock (the timer's is asked for at every precise park)
+        if value is not None:
+            return value
         with self._lock:
             if self._value is None:
                 self._value = self._factory()

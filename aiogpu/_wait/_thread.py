@@ -73,6 +73,12 @@ class Subscriber:
         self.detected_at = 0.0  # time.perf_counter() when the thread saw the completion
         self.done_index = -1  # which of the job's events it saw done (a watch's position)
 
+    def abandon(self) -> None:
+        """Leave the job without the pool's lock (``unsubscribe`` takes it): for a finalizer, which
+        may run on a thread that holds it. The job's thread ends it at its next query, or the
+        pool drops it unstarted."""
+        self.job.subscribers.pop(self, None)  # atomic
+
 
 class _Job:
     __slots__ = ("key", "running", "spin_from", "subscribers", "targets")

@@ -71,9 +71,12 @@ class Timer:
             return handle
 
     def cancel(self, handle: int) -> None:
-        """Forget ``handle`` if it has not fired yet (its heap entry is dropped lazily)."""
-        with self._lock:
-            self._live.discard(handle)
+        """Forget ``handle`` if it has not fired yet (its heap entry is dropped lazily).
+
+        No lock: ``set.discard`` is atomic, a callback the thread has taken runs either way, and
+        a finalizer may cancel (a driving wait's coroutine collected with its loop) on a thread
+        that holds the lock, interrupted by the garbage collector."""
+        self._live.discard(handle)
 
     def _run(self) -> None:
         precise_sleeps()

@@ -460,7 +460,7 @@ class Watcher:
             if self._backend.runs_here():
                 self._system_task = self._backend.spawn_system_task(self._run, self._system_task_ended)
                 return
-            self._fail_all(RuntimeError("the event loop is gone"))
+            self._abandon()
         self._stop()
 
     def _system_task_ended(self, task: object) -> None:
@@ -997,20 +997,30 @@ class Watcher:
         self._wake()
 
     def _fail_all(self, error: BaseException) -> None:
-        """Fail every pending wait with ``error``. Off the loop, where the driving coroutine is
-        closed as it is collected with a loop that was dropped with waits pending, none of the
-        loop's tasks runs again: their events are let go of, and nobody is woken."""
-        woken = self._backend.runs_here()
+        """Fail every pending wait with ``error`` (``_abandon`` them off the loop)."""
+        if not self._backend.runs_here():
+            self._abandon()
+            return
         for queue in list(self._queues.values()):
-            if woken:
-                self._fail_queue(queue, error)
-            else:
-                for entry in queue.entries:
-                    self._complete(entry)
-                queue.entries.clear()
+            self._fail_queue(queue, error)
             self._drop_backstop(queue)
         self._queues.clear()
-        self._waking.clear()
+
+    def _abandon(self) -> None:
+        """The loop is gone: the driving coroutine is being closed as it is collected with a loop
+        dropped with waits pending, none of whose tasks runs again. Let go of their events and
+        wake nobody. This runs in a finalizer, on whichever thread the collector interrupted,
+        maybe inside one of aiogpu's locks: it takes none. A waiter thread ends its job at its
+        next query, the doorbell forgets the watcher at its next ring, and the timer thread
+        pokes it in vain."""
+        for queue in self._queues.values():
+            for entry in queue.entries:
+                self._forget(entry)
+                _let_go(entry)
+            if queue.backstop is not None:
+                queue.backstop.abandon()
+        self._queues.clear()
+        self._auto_watched.clear()
 
 
 def _nothing() -> None:
