@@ -107,3 +107,35 @@ async def test_a_watcher_whose_system_task_is_cancelled_before_it_ran_serves_lat
             later_latch.release()
             await asyncio.wait_for(waiting, 10)
             assert later.is_done
+
+
+@pytest.mark.asyncio
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="eager tasks are Python 3.12's")
+async def test_a_system_task_that_ends_in_its_eager_first_step_leaves_later_waits_alone(device: aiogpu.Device) -> None:
+    # The driving task's wait completes while another's is still pending on its stream: it hands
+    # the watcher over to a system task, whose eager first step finds that one done too and ends
+    # before create_task returns. Kept as the watcher's system task, the finished task kept the
+    # loop alive, and its done-callback later failed a new wait ("the event loop is shutting down").
+    from aiogpu._wait import _watcher
+
+    loop = asyncio.get_running_loop()
+    if not isinstance(loop, asyncio.BaseEventLoop):
+        pytest.skip("uvloop passes an argument asyncio's eager task factory does not take")
+    loop.set_task_factory(asyncio.eager_task_factory)  # type: ignore[attr-defined]
+    try:
+        with aiogpu.Stream(device) as stream, Latch(device) as latch, Latch(device) as later_latch:
+            first, second = await _held_event(device, stream, latch), stream.record()
+            driving = asyncio.create_task(first.wait(strategy="poll"))  # eager: watching closely now
+            other = asyncio.create_task(second.wait(strategy="poll"))
+            latch.release()  # the close watch completes the first alone, then hands over
+            await asyncio.wait_for(driving, 10)
+            assert _watcher.current()._system_task is None
+            later = await _held_event(device, stream, later_latch)
+            waiting = asyncio.create_task(later.wait(strategy="poll"))
+            await asyncio.wait_for(other, 10)
+            await asyncio.sleep(0)  # the finished system task's done-callbacks run
+            later_latch.release()
+            await asyncio.wait_for(waiting, 10)
+            assert later.is_done
+    finally:
+        loop.set_task_factory(None)

@@ -267,6 +267,71 @@ def test_a_loop_closed_with_waits_pending_is_collected_with_its_tasks(
         assert device._driver.statistics().live_events == 0
 
 
+def test_a_closed_event_keeps_no_entry_of_a_wait_requeued_for_its_new_recording(
+    sim: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Recorded again under a pending wait, then closed: the sweep that moves the wait to the new
+    # recording must not hand the event its entry again (it would keep the loop alive if the
+    # loop were dropped with the wait pending).
+    import asyncio
+
+    from aiogpu._wait import _watcher
+
+    requeued: list[asyncio.Event] = []
+    rekey = _watcher.Watcher._rekey
+
+    def noted(self: Any, entry: Any, now: float) -> None:
+        rekey(self, entry, now)
+        requeued[0].set()
+
+    monkeypatch.setattr(_watcher.Watcher, "_rekey", noted)
+
+    async def main() -> None:
+        requeued.append(asyncio.Event())
+        with aiogpu.Stream(sim.device(0)) as stream, Latch(sim.device(0)) as latch:
+            latch.block(stream)
+            event = stream.record()
+            waiting = asyncio.get_running_loop().create_task(event.wait(strategy="poll"))
+            await anyio.wait_all_tasks_blocked()
+            event.record(stream)
+            event.close()
+            await asyncio.wait_for(requeued[0].wait(), TIMEOUT)  # the watcher's next sweep
+            assert event._waiting is None
+            latch.release()
+            await asyncio.wait_for(waiting, TIMEOUT)
+
+    asyncio.run(main())
+
+
+def test_the_doorbell_forgets_a_listener_whose_loop_is_gone_without_another_ring() -> None:
+    # A callback wait's last ring may come just before its loop is closed: the doorbell pokes its
+    # listeners once a second without a ring too, and forgets one whose poke fails.
+    from aiogpu._wait._doorbell import Doorbell
+
+    doorbell = Doorbell()
+    pokes = {"gone": 0, "live": 0}
+    second_round = threading.Event()
+
+    def gone() -> bool:
+        pokes["gone"] += 1
+        return False
+
+    def live() -> bool:
+        pokes["live"] += 1
+        if pokes["live"] == 2:
+            second_round.set()
+        return True
+
+    doorbell.listen(live)
+    doorbell.listen(gone)
+    try:
+        assert second_round.wait(TIMEOUT), "no poke without a ring"
+        assert list(doorbell._listeners) == [live]
+        assert pokes["gone"] == 1
+    finally:
+        doorbell.ignore(live)
+
+
 @pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
 def test_a_wait_whose_task_nobody_refers_to_completes(
     device: aiogpu.Device, strategy: aiogpu.WaitStrategy, loop_kind: str

@@ -60,8 +60,9 @@ class Doorbell:
         self._libc.sem_post(self._semaphore)
 
     def listen(self, poke: Callable[[], bool]) -> None:
-        """Call ``poke`` (thread-safe, non-blocking) at every ring until :meth:`ignore`, or until
-        it returns ``False`` (its loop is gone: closed with the wait pending, it never ignores)."""
+        """Call ``poke`` (thread-safe, non-blocking) at every ring, and once a second without one,
+        until :meth:`ignore`, or until it returns ``False`` (its loop is gone: closed with the
+        wait pending, it never ignores)."""
         with self._lock:
             self._listeners[poke] = None
             if not self._running:
@@ -76,8 +77,11 @@ class Doorbell:
     def _run(self) -> None:
         idle_since = time.monotonic()
         while True:
-            if self._wait(1.0):
-                self._poke_listeners()
+            # At a ring, and at least once a second: a loop closed with its wait pending right
+            # after the last ring is forgotten all the same (its poke fails), and a live one only
+            # sweeps once more.
+            self._wait(1.0)
+            self._poke_listeners()
             with self._lock:
                 if self._listeners:
                     idle_since = time.monotonic()
@@ -86,7 +90,7 @@ class Doorbell:
                     return
 
     def _poke_listeners(self) -> None:
-        """A method of its own: the thread then waits for the next ring (for seconds) with no
+        """A method of its own: the thread then waits for the next ring (up to a second) with no
         listener in its frame, which would keep its watcher alive, and a loop dropped with waits
         pending along with it."""
         with self._lock:

@@ -202,8 +202,8 @@ class _Pool:
             dropped: list[_Job] = []
             with self._lock:
                 job = self._take_job(dropped)
-            for abandoned in dropped:  # outside the lock: the release may destroy the event
-                _release_targets(abandoned)
+            while dropped:  # outside the lock: the release may destroy the event
+                _release_targets(dropped.pop())  # (no loop variable: the thread may idle next)
             if job is not _RELEASE_FIRST:
                 return cast("_Job | None", job)
 

@@ -458,7 +458,9 @@ class Watcher:
         is gone: its coroutine was collected with the loop's other tasks, ``_fail_all``)."""
         if self._queues:
             if self._backend.runs_here():
-                self._system_task = self._backend.spawn_system_task(self._run, self._system_task_ended)
+                task = self._backend.spawn_system_task(self._run, self._system_task_ended)
+                if self._running:  # (an eager task may have found everything done, and stopped it)
+                    self._system_task = task
                 return
             self._abandon()
         self._stop()
@@ -933,7 +935,9 @@ class Watcher:
         target = entry.target
         self._forget(entry)
         entry.generation = target._generation
-        if _joinable(target, self) is None:  # unless a wait for the new recording started its own
+        # Unless a wait for the new recording started its own, or the event is closed (no wait
+        # joins it, and holding the entry would keep this loop alive if it were dropped).
+        if _joinable(target, self) is None and not target._lifetime.closed:
             target._waiting = entry
         self._enqueue(entry, now)
 
