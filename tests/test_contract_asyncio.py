@@ -123,19 +123,27 @@ async def test_a_system_task_that_ends_in_its_eager_first_step_leaves_later_wait
         pytest.skip("uvloop passes an argument asyncio's eager task factory does not take")
     loop.set_task_factory(asyncio.eager_task_factory)  # type: ignore[attr-defined]
     try:
-        with aiogpu.Stream(device) as stream, Latch(device) as latch, Latch(device) as later_latch:
+        with (
+            aiogpu.Stream(device) as stream,
+            aiogpu.Stream(device) as later_stream,
+            Latch(device) as latch,
+            Latch(device) as later_latch,
+        ):
             first, second = await _held_event(device, stream, latch), stream.record()
-            driving = asyncio.create_task(first.wait(strategy="poll"))  # eager: watching closely now
+            later = await _held_event(device, later_stream, later_latch)
+
+            async def first_then_later() -> None:
+                await first.wait(strategy="poll")  # drives; hands over as its wait ends
+                # The same step: the finished system task's done-callbacks have not run yet.
+                assert _watcher.current()._system_task is None
+                await later.wait(strategy="poll")
+
+            driving = asyncio.create_task(first_then_later())  # eager: watching closely now
             other = asyncio.create_task(second.wait(strategy="poll"))
             latch.release()  # the close watch completes the first alone, then hands over
-            await asyncio.wait_for(driving, 10)
-            assert _watcher.current()._system_task is None
-            later = await _held_event(device, stream, later_latch)
-            waiting = asyncio.create_task(later.wait(strategy="poll"))
             await asyncio.wait_for(other, 10)
-            await asyncio.sleep(0)  # the finished system task's done-callbacks run
             later_latch.release()
-            await asyncio.wait_for(waiting, 10)
+            await asyncio.wait_for(driving, 10)
             assert later.is_done
     finally:
         loop.set_task_factory(None)
