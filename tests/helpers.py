@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -43,3 +46,17 @@ def waiter_thread_queries(
 
     monkeypatch.setattr(sim, "event_query", noted)
     return times, reached
+
+
+@contextmanager
+def eager_tasks() -> Iterator[None]:
+    """asyncio's eager task factory (Python 3.12) on the running loop for the block; skips on
+    uvloop, which passes the factory an argument it does not take."""
+    loop = asyncio.get_running_loop()
+    if not isinstance(loop, asyncio.BaseEventLoop):
+        pytest.skip("uvloop passes an argument asyncio's eager task factory does not take")
+    loop.set_task_factory(asyncio.eager_task_factory)  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        loop.set_task_factory(None)

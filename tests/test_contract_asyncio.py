@@ -10,6 +10,7 @@ import pytest
 import aiogpu
 from aiogpu.testing import Latch
 from tests.contract import PROMPT, Contract
+from tests.helpers import eager_tasks
 
 if sys.version_info < (3, 11):
     from async_timeout import timeout as asyncio_timeout
@@ -118,32 +119,26 @@ async def test_a_system_task_that_ends_in_its_eager_first_step_leaves_later_wait
     # loop alive, and its done-callback later failed a new wait ("the event loop is shutting down").
     from aiogpu._wait import _watcher
 
-    loop = asyncio.get_running_loop()
-    if not isinstance(loop, asyncio.BaseEventLoop):
-        pytest.skip("uvloop passes an argument asyncio's eager task factory does not take")
-    loop.set_task_factory(asyncio.eager_task_factory)  # type: ignore[attr-defined]
-    try:
-        with (
-            aiogpu.Stream(device) as stream,
-            aiogpu.Stream(device) as later_stream,
-            Latch(device) as latch,
-            Latch(device) as later_latch,
-        ):
-            first, second = await _held_event(device, stream, latch), stream.record()
-            later = await _held_event(device, later_stream, later_latch)
+    with (
+        eager_tasks(),
+        aiogpu.Stream(device) as stream,
+        aiogpu.Stream(device) as later_stream,
+        Latch(device) as latch,
+        Latch(device) as later_latch,
+    ):
+        first, second = await _held_event(device, stream, latch), stream.record()
+        later = await _held_event(device, later_stream, later_latch)
 
-            async def first_then_later() -> None:
-                await first.wait(strategy="poll")  # drives; hands over as its wait ends
-                # The same step: the finished system task's done-callbacks have not run yet.
-                assert _watcher.current()._system_task is None
-                await later.wait(strategy="poll")
+        async def first_then_later() -> None:
+            await first.wait(strategy="poll")  # drives; hands over as its wait ends
+            # The same step: the finished system task's done-callbacks have not run yet.
+            assert _watcher.current()._system_task is None
+            await later.wait(strategy="poll")
 
-            driving = asyncio.create_task(first_then_later())  # eager: watching closely now
-            other = asyncio.create_task(second.wait(strategy="poll"))
-            latch.release()  # the close watch completes the first alone, then hands over
-            await asyncio.wait_for(other, 10)
-            later_latch.release()
-            await asyncio.wait_for(driving, 10)
-            assert later.is_done
-    finally:
-        loop.set_task_factory(None)
+        driving = asyncio.create_task(first_then_later())  # eager: watching closely now
+        other = asyncio.create_task(second.wait(strategy="poll"))
+        latch.release()  # the close watch completes the first alone, then hands over
+        await asyncio.wait_for(other, 10)
+        later_latch.release()
+        await asyncio.wait_for(driving, 10)
+        assert later.is_done

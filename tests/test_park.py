@@ -20,6 +20,7 @@ import aiogpu
 from aiogpu import _loop
 from aiogpu._wait._watcher import _DriverFlag
 from aiogpu.testing import SimulatedDriver
+from tests.helpers import eager_tasks
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -296,11 +297,7 @@ async def test_a_task_cancelled_after_its_park_was_woken_ends_cancelled() -> Non
 async def test_waits_of_eager_tasks_wake(strategy: aiogpu.WaitStrategy) -> None:
     # An eager task runs its first step inside the code that creates it: here, inside the steps
     # of tasks that parks resume (each starts another waiter as it wakes).
-    loop = asyncio.get_running_loop()
-    if not isinstance(loop, asyncio.BaseEventLoop):
-        pytest.skip("uvloop passes an argument asyncio's eager task factory does not take")
-    loop.set_task_factory(asyncio.eager_task_factory)  # type: ignore[attr-defined]
-    try:
+    with eager_tasks():
         sim = SimulatedDriver()
         with aiogpu.Stream(sim.device(0)) as stream:
             work = sim.launch(stream)
@@ -322,8 +319,6 @@ async def test_waits_of_eager_tasks_wake(strategy: aiogpu.WaitStrategy) -> None:
             assert sorted(woken) == list(range(40))
             for event in events:
                 event.close()
-    finally:
-        loop.set_task_factory(None)
 
 
 @pytest.mark.asyncio
