@@ -455,7 +455,7 @@ class Watcher:
 
     def _hand_over(self) -> None:
         """A waiting task stops driving: the system task takes over what is left (unless the loop
-        is gone: its coroutine was collected with the loop's other tasks, ``_fail_all``)."""
+        is gone: its coroutine is being collected with the loop's other tasks, ``_abandon``)."""
         if self._queues:
             if self._backend.runs_here():
                 task = self._backend.spawn_system_task(self._run, self._system_task_ended)
@@ -1015,8 +1015,8 @@ class Watcher:
         dropped with waits pending, none of whose tasks runs again. Let go of their events and
         wake nobody. This runs in a finalizer, on whichever thread the collector interrupted,
         maybe inside one of aiogpu's locks: it takes none. A waiter thread ends its job at its
-        next query, the doorbell forgets the watcher at its next ring, and the timer thread
-        pokes it in vain."""
+        next query, the doorbell forgets the watcher at its next ring (a second at the most),
+        and the timer thread pokes it in vain."""
         for queue in self._queues.values():
             for entry in queue.entries:
                 self._forget(entry)
