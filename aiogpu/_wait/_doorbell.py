@@ -4,8 +4,8 @@ The ``callback`` strategy enqueues, behind the work it waits for, a host functio
 library's ``sem_post`` on one process-wide POSIX semaphore. A host function that takes the GIL
 can deadlock against the driver's lock (numba-cuda #317, TensorRT-LLM #15855): this one never
 touches Python, so it cannot. One doorbell thread waits in ``sem_timedwait`` (through ctypes, so
-without the GIL) and, at each ring, pokes every watcher that armed it; the watchers then look at
-their streams (a ring does not say which stream rang).
+without the GIL) and, at each ring (and once a second without one), pokes every watcher that
+armed it; the watchers then look at their streams (a ring does not say which stream rang).
 
 Host functions are never called after a sticky context error, so a wait must not rely on the
 doorbell alone: the watcher keeps querying armed streams on its back-off schedule (the
@@ -15,7 +15,6 @@ watchdog), which surfaces the error as ``CudaError``.
 from __future__ import annotations
 
 import ctypes
-import errno
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -102,15 +101,14 @@ class Doorbell:
             except Exception:  # a poke only schedules; never let it kill the doorbell
                 pass
 
-    def _wait(self, timeout: float) -> bool:
-        """Wait for a ring (GIL released); False on timeout. Consecutive rings coalesce."""
+    def _wait(self, timeout: float) -> None:
+        """Wait for a ring, at most ``timeout`` (GIL released). Consecutive rings coalesce."""
         deadline = time.time() + timeout
         when = _Timespec(int(deadline), int((deadline % 1) * 1e9))
         if self._libc.sem_timedwait(self._semaphore, ctypes.byref(when)) != 0:
-            return ctypes.get_errno() != errno.ETIMEDOUT
+            return  # timed out (or interrupted): the listeners are poked all the same
         while self._libc.sem_trywait(self._semaphore) == 0:  # drain: one poke serves them all
             pass
-        return True
 
 
 doorbell = PerProcess(Doorbell).get
