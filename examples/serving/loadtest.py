@@ -19,12 +19,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import http.client
 import json
 import math
 import multiprocessing
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -35,49 +33,11 @@ from pathlib import Path
 import aiohttp
 
 HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE.parent))  # loadtools.py, shared with the other load tests
+from loadtools import free_port, percentile, probe_health, wait_until_healthy  # noqa: E402
+
 MODES = ("aiogpu", "blocking", "to_thread")
 START_MARGIN = 1.0  # seconds for the worker processes to be ready before a phase starts
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else float("nan")
-
-
-def wait_until_healthy(port: int, server: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 180  # a GPU server loads torch and captures its graphs first
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"the server exited with {server.returncode}")
-        try:
-            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-            connection.request("GET", "/health")
-            if connection.getresponse().status == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError("the server did not become healthy within 180 s")
-
-
-def probe_health(port: int, measure_from: float, stop_at: float) -> list[float]:
-    """In its own process: ``/health`` every 10 ms over one kept-alive connection; the latencies
-    of those sent in [measure_from, stop_at)."""
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    latencies = []
-    while (now := time.monotonic()) < stop_at:
-        connection.request("GET", "/health")
-        connection.getresponse().read()
-        if now >= measure_from:
-            latencies.append(time.monotonic() - now)
-        time.sleep(max(0.0, now + 0.01 - time.monotonic()))
-    return latencies
 
 
 def load_worker(
