@@ -31,6 +31,7 @@ waiting decides (``mode``):
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -283,6 +284,7 @@ class _Llama(_Model):
         from transformers import LlamaConfig, LlamaForCausalLM
 
         self._torch = torch
+        torch.set_num_threads(1)  # the host's tensors are tiny: no OpenMP pool spinning beside the loop
         cuda = torch.device("cuda", device.ordinal)
         config = LlamaConfig(
             vocab_size=VOCABULARY,
@@ -303,9 +305,11 @@ class _Llama(_Model):
         self._ids = torch.zeros((shape.slots, shape.window), dtype=torch.int64, device=cuda)
         self._window = shape.window
 
+        last_only = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+
         def step() -> torch.Tensor:
             with torch.inference_mode():
-                logits = model(input_ids=self._ids, use_cache=False).logits[:, -1, :]
+                logits = model(input_ids=self._ids, use_cache=False, **last_only).logits[:, -1, :]
                 return logits.argmax(dim=-1)
 
         side = torch.cuda.Stream(cuda)  # capture needs cuBLAS and the allocator warmed up off the default stream

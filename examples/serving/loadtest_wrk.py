@@ -1,0 +1,114 @@
+"""Load ``per_request_server.py`` with ``wrk`` at saturation, every way of waiting, repeated.
+
+For each repeat and mode (the order rotated from repeat to repeat) it starts the server, warms it
+up, then runs ``wrk -c CONNECTIONS -d SECONDS --latency`` posting 512 tokens a request. It
+reports requests/s, latency p50 / p99 / max, requests that hit wrk's 2 s timeout, non-2xx
+answers and the server's CPU (cores busy), prints a line per run and writes ``--out`` (JSON).
+
+Run:  python examples/serving/loadtest_wrk.py [--wrk path/to/wrk] [--lend pool|queue] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE.parent))  # loadtools.py, shared with the other load tests
+from loadtools import cpu_seconds, free_port, wait_until_healthy  # noqa: E402
+
+UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3}
+
+
+def milliseconds(text: str) -> float:
+    number, unit = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text).groups()  # type: ignore[union-attr]
+    return float(number) * UNITS[unit]
+
+
+def parse_wrk(output: str) -> dict[str, float]:
+    """The figures of ``wrk --latency``'s report."""
+
+    def find(pattern: str, default: str | None = None) -> str:
+        match = re.search(pattern, output)
+        if match is None:
+            if default is None:
+                raise ValueError(f"no {pattern!r} in wrk's output:\n{output}")
+            return default
+        return match.group(1)
+
+    timeouts = int(find(r"Socket errors:.*timeout (\d+)", "0"))
+    return {
+        "requests_per_second": float(find(r"Requests/sec:\s+([\d.]+)")),
+        "p50_ms": milliseconds(find(r"\s50%\s+([\d.]+\w+)")),
+        "p99_ms": milliseconds(find(r"\s99%\s+([\d.]+\w+)")),
+        "max_ms": milliseconds(find(r"Latency\s+\S+\s+\S+\s+([\d.]+\w+)")),
+        "timeouts": timeouts,
+        "non_2xx": int(find(r"Non-2xx or 3xx responses: (\d+)", "0")),
+    }
+
+
+def run_once(arguments: argparse.Namespace, mode: str, script: Path) -> dict[str, object]:
+    port = free_port()
+    command = [sys.executable, str(HERE / "per_request_server.py"), "--mode", mode, "--lend", arguments.lend, "--port", str(port)]
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        wait_until_healthy(port, server)
+        url = f"http://127.0.0.1:{port}/predict"
+        wrk = [arguments.wrk, "-t2", f"-c{arguments.connections}", "-s", str(script), "--latency"]
+        subprocess.run([*wrk, f"-d{arguments.warmup:g}s", url], capture_output=True, check=True)
+        cpu_before, started = cpu_seconds(server.pid), time.monotonic()
+        result = subprocess.run([*wrk, f"-d{arguments.seconds:g}s", url], capture_output=True, text=True, check=True)
+        cpu = (cpu_seconds(server.pid) - cpu_before) / (time.monotonic() - started)
+    finally:
+        server.terminate()
+        output = server.communicate(timeout=30)[0].decode(errors="replace")
+    figures = parse_wrk(result.stdout)
+    where = next((line for line in output.splitlines() if line.startswith("serving on")), "?")
+    return {"mode": mode, "lend": arguments.lend, "cpu_cores": cpu, "server": where, **figures}
+
+
+def main(arguments: argparse.Namespace) -> list[dict[str, object]]:
+    rng = random.Random(0)
+    body = json.dumps({"tokens": [rng.randrange(32_000) for _ in range(512)]})
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        script = Path(folder) / "post.lua"
+        script.write_text(
+            f'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\nwrk.body = {json.dumps(body)}\n'
+        )
+        modes: list[str] = arguments.modes
+        for repeat in range(arguments.repeats):
+            for mode in modes[repeat % len(modes) :] + modes[: repeat % len(modes)]:
+                row = {"repeat": repeat, **run_once(arguments, mode, script)}
+                rows.append(row)
+                print(
+                    f"{mode:14} {arguments.lend:5} {row['requests_per_second']:7.0f} req/s  p50 {row['p50_ms']:7.1f} ms"
+                    f"  p99 {row['p99_ms']:7.1f} ms  max {row['max_ms']:7.1f} ms  timeouts {row['timeouts']}"
+                    f"  non-2xx {row['non_2xx']}  CPU {row['cpu_cores']:.2f}",
+                    flush=True,
+                )
+    return rows
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--wrk", default="wrk")
+    parser.add_argument("--modes", nargs="+", default=["aiogpu", "aiogpu-thread", "to_thread", "blocking"])
+    parser.add_argument("--lend", choices=("pool", "queue"), default="pool")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--connections", type=int, default=64)
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument("--out", type=Path)
+    options = parser.parse_args()
+    results = main(options)
+    if options.out:
+        options.out.parent.mkdir(parents=True, exist_ok=True)
+        options.out.write_text(json.dumps(results, indent=1))
