@@ -15,9 +15,10 @@ thread's and every other thread's (waiter threads, ``to_thread``'s pool). Per co
 - ``idle_us``: loop-thread time asleep in ``select``.
 
 With the GPU the only bottleneck, waits/s is the same for every way of waiting and the
-loop's busy share is what a server has left for requests. Prints a table, writes ``--out`` (JSON).
+loop's busy share is what a server has left for requests. Prints a table and writes
+``loop_profile.json`` to ``--out``. Without a GPU it runs on the simulated device and says so.
 
-Run:  python -m benchmarks.loop_profile [--seconds 3] [--work 0.001] [--out loop_profile.json]
+Run:  python -m benchmarks.loop_profile [--quick] [--seconds 3] [--work 0.001] [--out DIR]
 """
 
 from __future__ import annotations
@@ -139,8 +140,11 @@ if __name__ == "__main__":
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--warmup", type=float, default=0.5)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--out", type=Path)
+    parser.add_argument("--quick", action="store_true", help="a short run that only checks the benchmark works")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     options = parser.parse_args()
+    if options.quick:
+        options.tasks, options.seconds, options.warmup, options.rounds = 16, 0.3, 0.1, 1
     result = main(options)
-    if options.out:
-        options.out.write_text(json.dumps(result, indent=1, default=str))
+    options.out.mkdir(parents=True, exist_ok=True)
+    (options.out / "loop_profile.json").write_text(json.dumps(result, indent=1, default=str))

@@ -54,6 +54,24 @@ def probe_health(port: int, measure_from: float, stop_at: float) -> list[float]:
     return latencies
 
 
+def cpu_list(text: str | None) -> set[int] | None:
+    """CPUs named like taskset's ``-c`` list ("0-7,12"), or ``None`` for no pinning."""
+    if not text:
+        return None
+    cpus: set[int] = set()
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
+
+
+def pin(pid: int, cpus: set[int] | None) -> None:
+    """Keep process ``pid`` (and the threads it starts from now on) on ``cpus``: the server and
+    the load generators then never take turns on one core, a noise source of its own."""
+    if cpus is not None:
+        os.sched_setaffinity(pid, cpus)
+
+
 def cpu_seconds(pid: int) -> float:
     """User plus system CPU time of process ``pid`` and all its threads so far (Linux)."""
     with open(f"/proc/{pid}/stat") as stat:

@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
+import os
+import socket
+import subprocess
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -60,3 +67,50 @@ def eager_tasks() -> Iterator[None]:
         yield
     finally:
         loop.set_task_factory(None)
+
+
+# -- example servers, started as their users start them -------------------------------------------
+ROOT = Path(__file__).parent.parent
+#: The environment of an example's process: it imports this checkout's aiogpu, installed or not.
+ENVIRONMENT = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never through a proxy
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def call(url: str, body: object | None = None) -> tuple[int, object]:
+    """GET ``url`` (POST ``body`` as JSON if given); the status and the decoded answer."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with _DIRECT.open(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+@contextmanager
+def running_server(command: list[str]) -> Iterator[str]:
+    """Run ``command --port PORT`` until ``/health`` answers 200; its base URL; stopped on exit."""
+    port = free_port()
+    process = subprocess.Popen([*command, "--port", str(port)], env=ENVIRONMENT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert process.poll() is None, process.communicate()[0].decode()
+            try:
+                if call(url + "/health")[0] == 200:
+                    break
+            except (urllib.error.URLError, ConnectionError):
+                pass
+            assert time.monotonic() < deadline, "the server never became healthy"
+            time.sleep(0.1)
+        yield url
+    finally:
+        process.terminate()
+        process.communicate(timeout=30)

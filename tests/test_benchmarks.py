@@ -156,3 +156,16 @@ def test_the_host_cost_profile_runs_on_the_simulated_device_and_labels_it(tmp_pa
     ]  # no driver or torch rows: there is no driver to time
     assert all(row["group"] == "aiogpu" and row["us"] > 0 for row in result["costs"])
     assert run.stdout.count("SIMULATED aiogpu") == len(calls)
+
+
+@pytest.mark.timeout(120)
+def test_the_loop_profile_runs_on_the_simulated_device_for_every_way_of_waiting(tmp_path: Path) -> None:
+    run = run_on_the_simulated_device("loop_profile", tmp_path, timeout=100)
+    assert "the simulated device" in run.stdout
+    result = json.loads((tmp_path / "loop_profile.json").read_text())
+    assert result["device"] == "the simulated device"
+    assert [row["way"] for row in result["rows"]] == ["auto", "poll", "thread", "callback", "to_thread"]
+    for row in result["rows"]:
+        assert row["waits_per_second"] > 0, row
+        assert 0 < row["busy_share"] <= 1, row
+        assert row["busy_us"] > 0 and row["loop_cpu_us"] > 0 and row["idle_us"] >= 0, row

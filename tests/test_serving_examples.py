@@ -6,19 +6,14 @@ the FastAPI one in all three modes.
 
 from __future__ import annotations
 
-import json
-import os
-import socket
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import ENVIRONMENT, call, running_server
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
@@ -26,51 +21,10 @@ pytest.importorskip("aiohttp")
 
 ROOT = Path(__file__).parent.parent
 SERVING = ROOT / "examples" / "serving"
-DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never through a proxy
-ENVIRONMENT = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def call(url: str, body: object | None = None) -> tuple[int, object]:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with DIRECT.open(request, timeout=30) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
-
-
-@contextmanager
-def server(kind: str) -> Iterator[str]:
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, str(SERVING / f"{kind}_server.py"), "--port", str(port)],
-        env=ENVIRONMENT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert process.poll() is None, process.communicate()[0].decode()
-            try:
-                if call(url + "/health")[0] == 200:
-                    break
-            except (urllib.error.URLError, ConnectionError):
-                pass
-            assert time.monotonic() < deadline, "the server never became healthy"
-            time.sleep(0.1)
-        yield url
-    finally:
-        process.terminate()
-        process.communicate(timeout=30)
+def server(kind: str) -> AbstractContextManager[str]:
+    return running_server([sys.executable, str(SERVING / f"{kind}_server.py")])
 
 
 @pytest.mark.timeout(150)
@@ -139,3 +93,55 @@ async def test_health_fails_while_a_gpu_wait_is_stuck(monkeypatch: pytest.Monkey
         assert model.health() == (True, {"status": "ok", "mode": "aiogpu", "batches": 0})
         stuck.close()
     model.streams.close()
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("lend", ["pool", "queue"])
+def test_the_per_request_server_predicts_with_either_way_of_lending_streams(lend: str) -> None:
+    with running_server([sys.executable, str(SERVING / "per_request_server.py"), "--lend", lend]) as url:
+        status, body = call(url + "/predict", {"tokens": list(range(1, 513))})
+        assert status == 200, body
+        assert isinstance(body, dict)
+        assert len(body["outputs"]) == 16
+        assert call(url + "/predict", {"tokens": list(range(1, 513))})[1] == body
+        status, error = call(url + "/predict", {"tokens": [40_000]})
+        assert status == 422, error
+        assert "tokens must be 1 to 1024 ints" in str(error)
+
+
+WRK_OUTPUT = """Running 8s test @ http://127.0.0.1:8000/predict
+  2 threads and 64 connections
+  Thread Stats   Avg      Stdev     Max   +/- Stdev
+    Latency   120.51ms   40.12ms   1.20s    80.00%
+    Req/Sec   260.00     30.00   310.00     70.00%
+  Latency Distribution
+     50%  118.20ms
+     75%  140.00ms
+     90%  170.00ms
+     99%  401.50ms
+  4123 requests in 8.00s, 1.00MB read
+  Socket errors: connect 0, read 0, write 0, timeout 6
+  Non-2xx or 3xx responses: 2
+Requests/sec:    515.37
+Transfer/sec:    128.00KB
+"""
+
+
+def test_the_wrk_report_is_read_with_its_units(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(SERVING))
+    import loadtest_wrk  # examples/serving/loadtest_wrk.py
+
+    assert loadtest_wrk.parse_wrk(WRK_OUTPUT) == {
+        "requests_per_second": 515.37,
+        "p50_ms": 118.2,
+        "p99_ms": 401.5,
+        "max_ms": 1200.0,
+        "timeouts": 6,
+        "non_2xx": 2,
+    }
+    assert (
+        loadtest_wrk.parse_wrk(WRK_OUTPUT.replace("  Socket errors: connect 0, read 0, write 0, timeout 6\n", ""))["timeouts"]
+        == 0
+    )
+    with pytest.raises(ValueError, match="Requests/sec"):
+        loadtest_wrk.parse_wrk("wrk: connection refused")

@@ -39,7 +39,7 @@ import aiohttp
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent))  # loadtools.py, shared with the other load tests
-from loadtools import cpu_seconds, free_port, percentile, probe_health, wait_until_healthy  # noqa: E402
+from loadtools import cpu_list, cpu_seconds, free_port, percentile, pin, probe_health, wait_until_healthy  # noqa: E402
 
 START_MARGIN = 1.0  # seconds for the worker processes to be ready before a phase starts
 METRICS = ("tokens_per_second", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "health_p99_ms", "cpu_cores", "errors")
@@ -159,11 +159,12 @@ async def run_phase(
 class Server:
     """One server process for one mode, kept for the whole run."""
 
-    def __init__(self, mode: str, extra: list[str]) -> None:
+    def __init__(self, mode: str, extra: list[str], cpus: set[int] | None) -> None:
         self.mode = mode
         self.port = free_port()
         command = [sys.executable, str(HERE / "server.py"), "--mode", mode, "--port", str(self.port), *extra]
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        pin(self.process.pid, cpus)
 
     def stop(self) -> str:
         """Stop the server; its output (it prints what it serves on)."""
@@ -187,14 +188,15 @@ async def main(arguments: argparse.Namespace) -> dict[str, object]:
     extra = [
         f"--{name}={value}" for name in ("slots", "window", "hidden", "layers", "heads") if (value := getattr(arguments, name))
     ]
-    servers = {mode: Server(mode, extra) for mode in modes}
+    servers = {mode: Server(mode, extra, cpu_list(arguments.server_cpus)) for mode in modes}
     rows: list[dict[str, object]] = []
     rates: list[float] = []
     try:
         for server in servers.values():
             await asyncio.to_thread(wait_until_healthy, server.port, server.process)
         spawn = multiprocessing.get_context("spawn")  # clean processes: no copy of this one's state
-        with ProcessPoolExecutor(arguments.clients + 1, mp_context=spawn) as workers:
+        client_cpus = cpu_list(arguments.client_cpus)
+        with ProcessPoolExecutor(arguments.clients + 1, mp_context=spawn, initializer=pin, initargs=(0, client_cpus)) as workers:
             for repeat in range(arguments.repeats):
                 order = modes[repeat % len(modes) :] + modes[: repeat % len(modes)]
                 for mode in order:
@@ -311,6 +313,8 @@ if __name__ == "__main__":
     parser.add_argument("--max-tokens", type=int, default=64)
     for name in ("slots", "window", "hidden", "layers", "heads"):
         parser.add_argument(f"--{name}", type=int, help="model shape passed to each server (engine.ModelShape)")
+    parser.add_argument("--server-cpus", help='pin each server to these CPUs ("0-7"; default: no pinning)')
+    parser.add_argument("--client-cpus", help='pin the client processes to these CPUs ("8-15")')
     parser.add_argument("--out", type=Path, help="write OUT.json, OUT.md and OUT.png")
     options = parser.parse_args()
     outcome = asyncio.run(main(options))

@@ -22,7 +22,7 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent))  # loadtools.py, shared with the other load tests
-from loadtools import cpu_seconds, free_port, wait_until_healthy  # noqa: E402
+from loadtools import cpu_list, cpu_seconds, free_port, pin, wait_until_healthy  # noqa: E402
 
 UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3}
 
@@ -58,13 +58,15 @@ def run_once(arguments: argparse.Namespace, mode: str, script: Path) -> dict[str
     port = free_port()
     command = [sys.executable, str(HERE / "per_request_server.py"), "--mode", mode, "--lend", arguments.lend, "--port", str(port)]
     server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    pin(server.pid, cpu_list(arguments.server_cpus))
     try:
         wait_until_healthy(port, server)
         url = f"http://127.0.0.1:{port}/predict"
-        wrk = [arguments.wrk, "-t2", f"-c{arguments.connections}", "-s", str(script), "--latency"]
-        subprocess.run([*wrk, f"-d{arguments.warmup:g}s", url], capture_output=True, check=True)
+        taskset = ["taskset", "-c", arguments.client_cpus] if arguments.client_cpus else []
+        wrk = [*taskset, arguments.wrk, "-t2", f"-c{arguments.connections}", "-s", str(script), "--latency"]
+        subprocess.run([*wrk, f"-d{arguments.warmup}s", url], capture_output=True, check=True)
         cpu_before, started = cpu_seconds(server.pid), time.monotonic()
-        result = subprocess.run([*wrk, f"-d{arguments.seconds:g}s", url], capture_output=True, text=True, check=True)
+        result = subprocess.run([*wrk, f"-d{arguments.seconds}s", url], capture_output=True, text=True, check=True)
         cpu = (cpu_seconds(server.pid) - cpu_before) / (time.monotonic() - started)
     finally:
         server.terminate()
@@ -104,8 +106,10 @@ if __name__ == "__main__":
     parser.add_argument("--lend", choices=("pool", "queue"), default="pool")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--connections", type=int, default=64)
-    parser.add_argument("--seconds", type=float, default=8.0)
-    parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument("--seconds", type=int, default=8, help="whole seconds (wrk's unit)")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--server-cpus", help='pin the server to these CPUs ("0-7"; default: no pinning)')
+    parser.add_argument("--client-cpus", help='pin wrk to these CPUs ("8-15")')
     parser.add_argument("--out", type=Path)
     options = parser.parse_args()
     results = main(options)

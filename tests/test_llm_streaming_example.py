@@ -1,0 +1,240 @@
+"""The token-streaming example: the engine in-process, the server over real HTTP, the load test.
+
+Without a GPU everything runs on the simulated device with the CPU stand-in; the GPU lane runs the
+same tests on the GPU (the server and the engine pick it when there is one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+aiohttp = pytest.importorskip("aiohttp")
+
+from tests.helpers import ENVIRONMENT, call, running_server  # noqa: E402
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from types import ModuleType
+
+ROOT = Path(__file__).parent.parent
+STREAMING = ROOT / "examples" / "llm_streaming"
+
+
+@pytest.fixture
+def engine_module(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    monkeypatch.syspath_prepend(str(STREAMING))
+    import engine  # examples/llm_streaming/engine.py
+
+    return engine
+
+
+def small_shape(engine: ModuleType) -> object:
+    return engine.ModelShape(slots=4, window=16, hidden=256, layers=2, heads=4)
+
+
+async def drain(request: object) -> list[int]:
+    tokens = []
+    while (token := await request.tokens.get()) is not None:  # type: ignore[attr-defined]
+        tokens.append(token)
+    return tokens
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", ["aiogpu", "aiogpu-thread", "to_thread", "blocking"])
+async def test_more_requests_than_slots_each_get_their_own_tokens(engine_module: ModuleType, mode: str) -> None:
+    engine = engine_module.Engine(mode, small_shape(engine_module))
+    try:
+        prompts = [[5 + index, 6, 7] for index in range(10)]  # 10 requests, 4 slots: admitted as slots free up
+        requests = [engine.submit(prompt, 6 + index % 3) for index, prompt in enumerate(prompts)]
+        streams = await asyncio.wait_for(asyncio.gather(*(drain(request) for request in requests)), 60)
+        assert [len(tokens) for tokens in streams] == [6 + index % 3 for index in range(10)]
+        assert all(0 <= token < engine_module.VOCABULARY for tokens in streams for token in tokens)
+        again = engine.submit(prompts[0], 6)
+        assert await drain(again) == streams[0]  # greedy decoding: the same prompt gives the same tokens
+        await asyncio.wait_for(engine.wait_idle(), 10)
+        assert engine.slots_in_use == 0
+        assert engine.waiting == 0
+        assert engine.tokens_generated == sum(map(len, streams)) + 6
+    finally:
+        engine.close()
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(120)
+async def test_a_cancelled_request_gives_its_slot_back(engine_module: ModuleType) -> None:
+    engine = engine_module.Engine("aiogpu", small_shape(engine_module))
+    try:
+        long = [engine.submit([9, 9, 9], 4096) for _ in range(4)]  # every slot taken for a long time
+        queued = engine.submit([1, 2, 3], 3)  # waits for a slot
+        for request in long:
+            assert await asyncio.wait_for(request.tokens.get(), 30) is not None
+        assert engine.slots_in_use == 4
+        assert engine.waiting == 1
+        engine.cancel(long[0])  # the client went away
+        assert await asyncio.wait_for(drain(queued), 30) != []  # it got the slot
+        for request in long[1:]:
+            engine.cancel(request)
+        await asyncio.wait_for(engine.wait_idle(), 30)
+        assert engine.slots_in_use == 0
+        assert all(request.produced < 4096 for request in long)
+        # A request cancelled before it got a slot leaves the queue at once.
+        blockers = [engine.submit([4], 4096) for _ in range(4)]
+        for request in blockers:
+            assert await asyncio.wait_for(request.tokens.get(), 30) is not None
+        never = engine.submit([4], 10)
+        assert engine.waiting == 1
+        engine.cancel(never)
+        assert engine.waiting == 0
+        for request in blockers:
+            engine.cancel(request)
+        await asyncio.wait_for(engine.wait_idle(), 30)
+    finally:
+        engine.close()
+
+
+def test_bad_requests_are_refused_with_the_reason(engine_module: ModuleType) -> None:
+    engine = engine_module.Engine("aiogpu", small_shape(engine_module))
+    try:
+        with pytest.raises(ValueError, match="prompt must be a non-empty list"):
+            engine.submit([], 4)
+        with pytest.raises(ValueError, match=r"prompt must be .* in \[0, 32000\)"):
+            engine.submit([32_000], 4)
+        with pytest.raises(ValueError, match="max_tokens must be an int from 1 to 4096, got 0"):
+            engine.submit([1], 0)
+        with pytest.raises(ValueError, match="mode must be one of"):
+            engine_module.Engine("sometimes")
+    finally:
+        engine.close()
+
+
+@pytest.fixture(scope="module")
+def server_url() -> Iterator[str]:
+    shape = ["--slots", "8", "--window", "16", "--hidden", "256", "--layers", "2", "--heads", "4"]
+    with running_server([sys.executable, str(STREAMING / "server.py"), *shape]) as url:
+        yield url
+
+
+async def stream_tokens(session: aiohttp.ClientSession, url: str, prompt: list[int], max_tokens: int) -> list[int]:
+    async with session.post(url + "/generate", json={"prompt": prompt, "max_tokens": max_tokens}) as response:
+        assert response.status == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        tokens: list[int] = []
+        async for line in response.content:
+            if line.startswith(b"data: [DONE]"):
+                return tokens
+            if line.startswith(b"data: "):
+                tokens.append(int(line[6:]))
+    raise AssertionError(f"the stream ended without [DONE] after {tokens}")
+
+
+def stats(url: str) -> dict[str, float]:
+    status, body = call(url + "/stats")
+    assert status == 200, body
+    assert isinstance(body, dict)
+    return body
+
+
+def wait_until_idle(url: str, seconds: float = 30.0) -> dict[str, float]:
+    deadline = time.monotonic() + seconds
+    while (now := stats(url))["slots_in_use"] or now["waiting"]:
+        assert time.monotonic() < deadline, f"slots still held: {now}"
+        time.sleep(0.05)
+    return now
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(150)
+async def test_the_server_streams_tokens_and_refuses_bad_input(server_url: str) -> None:
+    async with aiohttp.ClientSession() as session:
+        first = await stream_tokens(session, server_url, [5, 6, 7], 5)
+        assert len(first) == 5
+        assert await stream_tokens(session, server_url, [5, 6, 7], 5) == first
+        async with session.post(server_url + "/generate", json={"prompt": [], "max_tokens": 5}) as response:
+            assert response.status == 422
+            assert "prompt must be a non-empty list" in await response.text()
+    assert wait_until_idle(server_url)["tokens"] >= 10
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(150)
+async def test_a_client_that_disconnects_frees_its_slot(server_url: str) -> None:
+    async with aiohttp.ClientSession() as session:
+        response = await session.post(server_url + "/generate", json={"prompt": [1, 2, 3], "max_tokens": 4096})
+        assert response.status == 200
+        received = 0
+        async for line in response.content:
+            received += line.startswith(b"data: ")
+            if received == 3:
+                break
+        assert stats(server_url)["slots_in_use"] == 1
+        response.close()  # drop the connection mid-stream
+    before = stats(server_url)["tokens"]
+    after = await asyncio.to_thread(wait_until_idle, server_url)
+    assert after["tokens"] - before < 4096  # decoding stopped long before max_tokens
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(150)
+async def test_health_answers_while_every_slot_streams(server_url: str) -> None:
+    async with aiohttp.ClientSession() as session:
+        streams = [asyncio.create_task(stream_tokens(session, server_url, [index + 3], 200)) for index in range(24)]
+        latencies = []
+        while not all(task.done() for task in streams):
+            started = time.monotonic()
+            async with session.get(server_url + "/health") as response:
+                assert response.status == 200
+                assert (await response.json())["status"] == "ok"
+            latencies.append(time.monotonic() - started)
+            await asyncio.sleep(0.02)
+        results = await asyncio.gather(*streams)
+    assert [len(tokens) for tokens in results] == [200] * 24
+    assert len(latencies) >= 5
+    assert max(latencies) < 1.0, latencies  # answered between steps, not after the streams
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_load_test_reports_every_mode(tmp_path: Path) -> None:
+    out = tmp_path / "llm"
+    command = [sys.executable, str(STREAMING / "loadtest.py"), "--modes", "aiogpu", "to_thread", "blocking"]
+    command += [
+        "--repeats",
+        "1",
+        "--seconds",
+        "1",
+        "--warmup",
+        "0.3",
+        "--drain",
+        "5",
+        "--concurrency",
+        "16",
+        "--rates",
+        "0.5",
+        "0.8",
+    ]
+    command += ["--slots", "8", "--window", "16", "--hidden", "256", "--layers", "2", "--heads", "4", "--out", str(out)]
+    result = subprocess.run(command, env=ENVIRONMENT, capture_output=True, text=True, timeout=280, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = json.loads(out.with_suffix(".json").read_text())["rows"]
+    assert {(row["mode"], row["phase"]) for row in rows} == {
+        (mode, phase) for mode in ("aiogpu", "to_thread", "blocking") for phase in ("capacity", "50%", "80%")
+    }
+    for row in rows:
+        assert row["errors"] == 0, row
+        assert row["tokens_per_second"] > 0, row
+        assert row["ttft_p99_ms"] >= row["ttft_p50_ms"] > 0, row
+        assert row["cpu_cores"] > 0, row
+    summary = out.with_suffix(".md").read_text()
+    assert "| goal | measured | met |" in summary
+    assert out.with_suffix(".png").stat().st_size > 10_000
