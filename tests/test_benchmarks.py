@@ -169,3 +169,15 @@ def test_the_loop_profile_runs_on_the_simulated_device_for_every_way_of_waiting(
         assert row["waits_per_second"] > 0, row
         assert 0 < row["busy_share"] <= 1, row
         assert row["busy_us"] > 0 and row["loop_cpu_us"] > 0 and row["idle_us"] >= 0, row
+
+
+@pytest.mark.timeout(120)
+def test_the_overlap_benchmark_runs_on_the_simulated_device_against_its_floor(tmp_path: Path) -> None:
+    run = run_on_the_simulated_device("overlap", tmp_path, timeout=100)
+    assert "the simulated device" in run.stdout
+    assert "best possible speed-up" in run.stdout
+    result = json.loads((tmp_path / "overlap.json").read_text())
+    assert [row["way"] for row in result["rows"]] == ["auto", "poll", "thread", "callback", "to_thread", "query+sleep(0)"]
+    for row in result["rows"]:
+        # Overlapped, the two tasks can beat running one after the other, never the floor.
+        assert row["floor_s"] * 0.95 <= row["wall_s"] <= row["serial_s"] * 1.2, row
