@@ -43,7 +43,9 @@ def test_readme_snippet_runs(index: int, tmp_path: Path) -> None:
         pytest.importorskip("trio")
     if "def test_" in snippet:
         (tmp_path / "test_snippet.py").write_text(snippet, encoding="utf-8")
-        result = run(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "aiogpu.testing.pytest_plugin", "test_snippet.py"], tmp_path)
+        result = run(
+            ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "aiogpu.testing.pytest_plugin", "test_snippet.py"], tmp_path
+        )
         assert result.returncode == 0, result.stdout + result.stderr
         assert re.search(r"\b[1-9]\d* passed\b", result.stdout), result.stdout
         assert "skipped" not in result.stdout, result.stdout
