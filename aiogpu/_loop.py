@@ -277,8 +277,8 @@ class _AsyncioPark(asyncio.Future[None]):
       (``AsyncioBackend.resume_soon``): a sweep wakes hundreds of tasks at once;
     - in ``wake_in_callback`` (a loop callback of its own: a waiter thread's poke, the timer
       thread's, a loop timer), right there: one iteration less between the GPU's completion
-      and the watcher's driver (on an H200, asyncio, ``thread``'s p50 at 200 µs of work went
-      from +60.8 to +42.4 µs over a spinning synchronize; the README has the figures).
+      and the watcher's driver (it shows in the ``thread`` strategy's latency, which
+      ``python -m benchmarks.wake`` measures).
 
     Otherwise it is the loop's future: done, cancelled and its result as a future's (anyio, for
     one, skips cancelling a task whose future is done), other done-callbacks as a future's.

@@ -7,7 +7,7 @@ host function: it rings as soon as the event's work is done. It still delays oth
 documents that device work added to any stream does not become active until the host functions
 enqueued before it have run, and on an H100 (driver 580, 8 hardware queues) one pending host
 function held up later work on the legacy default stream and on blocking streams, seven held up
-every stream, until the awaited work finished. The README says so where it lists strategies.
+every stream, until the awaited work finished. The user guide says so where it lists strategies.
 
 Arming runs on its own thread, never on the loop: creating a stream can block inside the driver
 while other streams are held (seen on an H200 with 32+ streams waiting on host memory), and a

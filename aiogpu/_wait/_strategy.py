@@ -25,8 +25,8 @@ def set_default_wait_strategy(strategy: WaitStrategy) -> None:
     """Set the strategy ``await event`` uses when the call does not name one.
 
     Args:
-        strategy: ``"auto"``, ``"poll"``, ``"thread"`` or ``"callback"``; see the README's
-            "Wait strategies".
+        strategy: ``"auto"``, ``"poll"``, ``"thread"`` or ``"callback"``; see the user guide's
+            "Wait strategies and how to choose".
 
     Raises:
         TypeError: ``strategy`` is not a string.

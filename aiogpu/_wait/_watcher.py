@@ -1064,8 +1064,8 @@ async def wait(target: WaitTarget, *, strategy: WaitStrategy | None = None) -> N
     ``await event.wait()``.
 
     Args:
-        strategy: ``"auto"``, ``"poll"``, ``"thread"`` or ``"callback"`` (see the README's
-            "Wait strategies"); the default is :func:`aiogpu.get_default_wait_strategy`.
+        strategy: ``"auto"``, ``"poll"``, ``"thread"`` or ``"callback"`` (see the user guide's
+            "Wait strategies and how to choose"); the default is :func:`aiogpu.get_default_wait_strategy`.
 
     Raises:
         EventStateError: The event was never recorded.
