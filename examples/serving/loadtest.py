@@ -34,7 +34,7 @@ import aiohttp
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent))  # loadtools.py, shared with the other load tests
-from loadtools import free_port, percentile, probe_health, wait_until_healthy  # noqa: E402
+from loadtools import cpu_list, free_port, percentile, pin, probe_health, wait_until_healthy  # noqa: E402
 
 MODES = ("aiogpu", "blocking", "to_thread")
 START_MARGIN = 1.0  # seconds for the worker processes to be ready before a phase starts
@@ -155,6 +155,7 @@ def stop_server(server: subprocess.Popen[bytes]) -> str:
 async def run_mode(workers: ProcessPoolExecutor, server_kind: str, mode: str, arguments: argparse.Namespace) -> dict[str, object]:
     port = free_port()
     server = start_server(server_kind, mode, port)
+    pin(server.pid, cpu_list(arguments.server_cpus))
     try:
         await asyncio.to_thread(wait_until_healthy, port, server)
         capacity = await run_phase(workers, port, arguments, None)
@@ -183,7 +184,8 @@ async def main(arguments: argparse.Namespace) -> None:
         flush=True,
     )
     spawn = multiprocessing.get_context("spawn")  # clean processes: no copy of this one's state
-    with ProcessPoolExecutor(arguments.clients + 1, mp_context=spawn) as workers:
+    client_cpus = cpu_list(arguments.client_cpus)
+    with ProcessPoolExecutor(arguments.clients + 1, mp_context=spawn, initializer=pin, initargs=(0, client_cpus)) as workers:
         rows = [await run_mode(workers, arguments.server, mode, arguments) for mode in MODES]
     by_mode = {row["mode"]: row for row in rows}
     capacity = {mode: row["capacity"]["requests_per_second"] for mode, row in by_mode.items()}  # type: ignore[index]
@@ -206,5 +208,7 @@ if __name__ == "__main__":
     parser.add_argument("--concurrency", type=int, default=64, help="connections, shared by the client processes")
     parser.add_argument("--clients", type=int, default=2, help="client processes generating the load")
     parser.add_argument("--rate", type=float, default=1000.0, help="requests per second of the bounded phase")
+    parser.add_argument("--server-cpus", help='pin the server to these CPUs ("0-7"; default: no pinning)')
+    parser.add_argument("--client-cpus", help='pin the client processes to these CPUs ("8-15")')
     parser.add_argument("--out", type=Path)
     asyncio.run(main(parser.parse_args()))
