@@ -111,14 +111,34 @@ async def test_a_park_woken_from_a_task_resumes_its_task_on_the_next_iteration(w
 
 
 @pytest.mark.asyncio
-async def test_a_parked_task_cancelled_gets_cancelled_error_with_its_message() -> None:
-    park, resumed, task = await _park_with_a_task()
+@pytest.mark.parametrize("parks", [True, False], ids=["park", "plain future"])
+async def test_a_parked_task_cancelled_gets_cancelled_error_with_its_message(parks: bool) -> None:
+    # The plain future is the reference: on every Python the park's task sees what a future's does.
+    loop = asyncio.get_running_loop()
+    park = _loop.AsyncioBackend(loop).new_park() if parks else loop.create_future()
+    seen: list[asyncio.CancelledError] = []
+
+    async def parked() -> None:
+        try:
+            await park
+        except asyncio.CancelledError as error:
+            seen.append(error)
+            raise
+
+    task = asyncio.create_task(parked())
+    await asyncio.sleep(0)
     task.cancel("shutting down")
-    with pytest.raises(asyncio.CancelledError, match="shutting down"):
+    with pytest.raises(asyncio.CancelledError) as raised:
         await task
+    assert [error.args for error in seen] == [("shutting down",)]  # the parked task has the message
+    if sys.version_info >= (3, 11):
+        assert raised.value.args == ("shutting down",)
+    else:  # a task's awaiter gets a new error without it, the task's as its context (bpo-45390)
+        assert raised.value.args == ()
+        assert raised.value.__context__ is seen[0]
     assert park.cancelled()
-    assert resumed == []
-    park.wake_in_callback()  # a poke that comes too late is nothing
+    if parks:
+        park.wake_in_callback()  # a poke that comes too late is nothing
     _loop.set_signal(park)
 
 
