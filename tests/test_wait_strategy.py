@@ -1013,7 +1013,9 @@ async def test_short_work_that_runs_late_falls_back_to_the_watcher_promptly(
     monkeypatch.setattr(_watcher, "IDLE_SPIN", 1e-3)
     queries, after = await _queries_before_the_watcher(sim, monkeypatch, "poll")
     assert queries >= 2, queries  # it asked again where the wait started, then handed over
-    assert after < _watcher.SPIN_AHEAD + _watcher.IDLE_SPIN + 1e-3, f"spun for {after * 1e6:.0f} µs"
+    # Spinning on would last until the work is released (the 10 s limit); the margin is for a
+    # machine that preempts the loop for a while, which a CI host shared by several runs does.
+    assert after < _watcher.SPIN_AHEAD + _watcher.IDLE_SPIN + 50e-3, f"spun for {after * 1e6:.0f} µs"
 
 
 @pytest.mark.anyio
