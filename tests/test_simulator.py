@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import pydoc
 import threading
 import time
 from contextlib import contextmanager
@@ -1274,3 +1275,27 @@ def test_fail_next_record_faults_the_next_recorded_work(sim: SimulatedDriver) ->
         assert caught.value.is_context_lost
     with pytest.raises(ValueError, match="unknown CUresult name"):
         sim.fail_next_record("NOT_AN_ERROR")
+
+
+def test_help_shows_the_test_api_and_groups_the_driver_interface() -> None:
+    """help(SimulatedDriver) leads with what a test uses; aiogpu's driver calls come after,
+    under the private base that implements them."""
+    text = pydoc.render_doc(SimulatedDriver, renderer=pydoc.plaintext)
+    own, _, inherited = text.partition("Methods inherited from aiogpu.testing._simulated._SimulatedDriverCore")
+    calls = [name for name in vars(_driver.Driver) if not name.startswith("_") and callable(getattr(_driver.Driver, name))]
+    assert len(calls) > 30
+    for name in calls:
+        assert f" |  {name}(" not in own, name
+        assert f" |  {name}(" in inherited, name
+    public = {name for name in vars(SimulatedDriver) if not name.startswith("_")}
+    assert public == {
+        "device",
+        "installed",
+        "launch",
+        "fail_next_record",
+        "allocate",
+        "statistics",
+        "wait_until_blocked",
+    }
+    for name in public:
+        assert getattr(SimulatedDriver, name).__doc__, name
