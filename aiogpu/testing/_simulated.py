@@ -290,6 +290,7 @@ class _SimulatedDriverCore:
     ) -> None:
         self._record_latency = record_latency
         self._faults_to_inject: list[int] = []  # CUresults for the next records' work
+        self._record_gate: _Gate | None = None  # holds the work of every record while set
         self._changed = threading.Condition(threading.RLock())
         self._next_handle = itertools.count(0x7000_0000, 0x10).__next__
         self._contexts = [_Context(self._next_handle(), ordinal) for ordinal in range(devices)]
@@ -583,6 +584,8 @@ class _SimulatedDriverCore:
             stream.context.faults_pending += 1
         if self._record_latency:
             self._enqueue(stream).duration = self._record_latency
+        if self._record_gate is not None:
+            self._enqueue(stream).gate = self._record_gate
 
     def _launch_stream(self, stream: int) -> _Op:
         context = self._current_context("cuLaunchKernel")
@@ -821,8 +824,8 @@ class SimulatedDriver(_SimulatedDriverCore):
     to make plain ``aiogpu.Device(n)`` use it (to test code that creates its own devices).
     Drive the simulated GPU with :meth:`launch`: work that completes after ``seconds`` or,
     held, when the test calls :meth:`SimulatedWork.release`; or work that faults. For code
-    that enqueues no simulated work itself (a service under test), :meth:`fail_next_record`
-    and ``record_latency`` act on the work each event record captures.
+    that enqueues no simulated work itself (a service under test), :meth:`fail_next_record`,
+    :meth:`hold_recordings` and ``record_latency`` act on the work each event record captures.
     :meth:`allocate` gives simulated device memory for copies; :meth:`statistics` counts live
     handles and misuse.
 
@@ -838,10 +841,13 @@ class SimulatedDriver(_SimulatedDriverCore):
             for code that must never block its loop).
         record_latency: Seconds of simulated work enqueued before every event record, so code
             that never calls :meth:`launch` (a service under test) still sees GPU work take time.
+        hold_recordings: Start with :meth:`hold_recordings` in effect: the work captured by
+            every event record waits until :meth:`release_recordings`.
 
     Raises:
         ValueError: ``devices`` is not a non-negative int, or ``record_latency`` is not a
-            finite non-negative number.
+            finite non-negative number (to hold work until the test says so, use
+            ``hold_recordings``).
     """
 
     def __init__(
@@ -851,11 +857,21 @@ class SimulatedDriver(_SimulatedDriverCore):
         priority_range: tuple[int, int] = (0, -5),
         forbid_blocking_on_event_loop: bool = False,
         record_latency: float = 0.0,
+        hold_recordings: bool = False,
     ) -> None:
         if isinstance(devices, bool) or not isinstance(devices, int) or devices < 0:
             raise ValueError(f"devices must be a non-negative int, got {devices!r}")
+        if not isinstance(hold_recordings, bool):
+            raise TypeError(f"hold_recordings must be a bool, got {hold_recordings!r}")
+        if record_latency == math.inf:
+            raise ValueError(
+                "record_latency must be a finite number of seconds, got inf: to hold recorded work "
+                "until the test releases it, pass hold_recordings=True (and call release_recordings())"
+            )
         latency = _check_seconds("record_latency", record_latency)
         super().__init__(devices, priority_range, forbid_blocking_on_event_loop, latency)
+        if hold_recordings:
+            self.hold_recordings()
 
     def device(self, ordinal: int = 0) -> Device:
         """The :class:`aiogpu.Device` with ``ordinal`` on this simulated driver."""
@@ -914,6 +930,30 @@ class SimulatedDriver(_SimulatedDriverCore):
         code = _code(error)
         with self._changed:
             self._faults_to_inject.append(code)
+
+    def hold_recordings(self) -> None:
+        """Hold the work captured by every event record from now on, until :meth:`release_recordings`.
+
+        For code that never calls :meth:`launch` (a service under test): each record, on any
+        stream, captures work that does not complete, so ``await`` on the event stays pending
+        and the code's timeout path runs, as when a GPU is stuck. Idempotent.
+        """
+        with self._changed:
+            if self._record_gate is None:
+                self._record_gate = _Gate()
+
+    def release_recordings(self) -> None:
+        """Let every recording held by :meth:`hold_recordings` complete, and hold no more.
+
+        Held work then completes in stream order, as released work does. Idempotent; the
+        pytest plugin's ``simulated_gpu`` fixture calls it after the test.
+        """
+        with self._changed:
+            gate, self._record_gate = self._record_gate, None
+            if gate is not None:
+                gate.released_at = time.monotonic()
+                self._advance_all()
+                self._changed.notify_all()
 
     # -- simulated memory -----------------------------------------------------------------
     def allocate(self, nbytes: int, *, device: int = 0) -> SimulatedBuffer:
