@@ -1166,10 +1166,25 @@ def test_device_count_rejects_what_is_not_a_driver() -> None:
     [
         pytest.param({}, id="no keys (was KeyError)"),
         pytest.param({"shape": (2.0,), "typestr": "<f8"}, id="float extents (a float nbytes reached the driver)"),
-        pytest.param({"shape": (-2, -1), "typestr": "<f8"}, id="negative extents (were multiplied out)"),
+        pytest.param({"shape": (2,), "typestr": 8}, id="a typestr that is not a str"),
     ],
 )
 def test_a_malformed_cuda_array_interface_is_a_type_error(fields: dict[str, object]) -> None:
+    check_malformed_array_interface(fields, TypeError)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        pytest.param({"shape": (-2, -1), "typestr": "<f8"}, id="negative extents (were multiplied out)"),
+        pytest.param({"shape": (2,), "typestr": "<f-8"}, id="a typestr of no item size"),
+    ],
+)
+def test_an_array_interface_of_wrong_values_is_a_value_error(fields: dict[str, object]) -> None:
+    check_malformed_array_interface(fields, ValueError)
+
+
+def check_malformed_array_interface(fields: dict[str, object], error: type[Exception]) -> None:
     sim = SimulatedDriver()
     device = sim.device(0)
     memory = sim.allocate(16)
@@ -1181,7 +1196,7 @@ def test_a_malformed_cuda_array_interface_is_a_type_error(fields: dict[str, obje
             aiogpu.Stream(device) as stream,
             pool.take(16) as source,
             anyio.fail_after(FINISH),
-            pytest.raises(TypeError, match="CUDA array|__cuda_array_interface__"),
+            pytest.raises(error, match="CUDA array|__cuda_array_interface__"),
         ):
             await aiogpu.copy_to_device(array, source, after=stream, pool=pool)
 

@@ -213,8 +213,14 @@ async def test_bad_input_is_refused_clearly(sim: SimulatedDriver) -> None:
             await aiogpu.copy_to_device(SimulatedArray(sim, bytes(8)), 12345678, after=stream, pool=pool)
         with pytest.raises(ValueError, match="nbytes must be positive"):
             pool.take(0)
-        with pytest.raises(TypeError, match="non-negative ints"):
+        with pytest.raises(ValueError, match="64-bit address, got -1"):
             await aiogpu.copy_to_host((-1, 8), after=stream, pool=pool)
+        with pytest.raises(ValueError, match="nbytes must be non-negative, got -1"):
+            await aiogpu.copy_to_host((0x1000, -1), after=stream, pool=pool)
+        with pytest.raises(TypeError, match="of ints; nbytes is 8.0"):
+            await aiogpu.copy_to_host((0x1000, 8.0), after=stream, pool=pool)
+        with pytest.raises(TypeError, match="of ints; device pointer is '0x1000'"):
+            await aiogpu.copy_to_host(("0x1000", 8), after=stream, pool=pool)
     with pytest.raises(aiogpu.ClosedResourceError):
         pool.take(8)
     with pytest.raises(ValueError, match="max_idle_bytes must be non-negative"):
