@@ -333,7 +333,8 @@ class Stream:
         Work enqueued after the call starts is not waited for. Always a checkpoint.
 
         Args:
-            strategy: ``"poll"`` or ``"thread"``; see :meth:`Event.wait`.
+            strategy: ``"auto"``, ``"poll"``, ``"thread"`` or ``"callback"`` (see
+                :meth:`Event.wait`); the default is :func:`aiogpu.get_default_wait_strategy`.
 
         Raises:
             CudaError: Enqueued work failed.

@@ -289,7 +289,8 @@ async def copy_to_host(source: object, *, after: Stream, pool: PinnedPool, strat
             ``__cuda_array_interface__`` object) or a ``(device_pointer, nbytes)`` pair.
         after: The stream whose work produces ``source``.
         pool: Where the host memory comes from; its device must be ``after``'s.
-        strategy: The wait strategy (default: the process default).
+        strategy: ``"auto"``, ``"poll"``, ``"thread"`` or ``"callback"`` (see
+            :meth:`Event.wait`); the default is :func:`aiogpu.get_default_wait_strategy`.
 
     Returns:
         The host copy; give it back with ``release()`` (or ``with``) when done with it.
@@ -325,7 +326,8 @@ async def copy_to_device(
             :class:`PinnedBuffer`, of exactly ``destination``'s size.
         after: The stream whose earlier work must finish before ``destination`` is overwritten.
         pool: Staging memory and the side stream; its device must be ``after``'s.
-        strategy: The wait strategy (default: the process default).
+        strategy: ``"auto"``, ``"poll"``, ``"thread"`` or ``"callback"`` (see
+            :meth:`Event.wait`); the default is :func:`aiogpu.get_default_wait_strategy`.
 
     Raises:
         TypeError: Wrong argument types.
