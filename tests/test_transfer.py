@@ -328,3 +328,38 @@ def test_allocate_refuses_bad_input(sim: SimulatedDriver) -> None:
     with sim.allocate(8, device=1) as memory:
         assert repr(memory) == f"<aiogpu.testing.SimulatedBuffer device=1 8 bytes at {memory.pointer:#x}>"
         assert memory.__cuda_array_interface__["shape"] == (8,)
+
+
+def test_one_pinned_pool_serves_loops_in_several_threads_at_once(sim: SimulatedDriver) -> None:
+    """A PinnedPool holds nothing of a loop: an asyncio loop and a trio run, each in a thread of
+    its own, copy through one pool at once, and every byte and buffer comes back."""
+    device = sim.device(0)
+    started = threading.Barrier(2, timeout=10)
+    failures: list[BaseException] = []
+
+    def copies(backend: str, fill: int) -> None:
+        async def main() -> None:
+            source = SimulatedArray(sim, bytes([fill]) * 64)
+            with aiogpu.Stream(device) as stream, anyio.fail_after(10):
+                await anyio.to_thread.run_sync(started.wait)
+                for _ in range(50):
+                    await aiogpu.copy_to_device(source, bytes([fill]) * 64, after=stream, pool=pool)
+                    with await aiogpu.copy_to_host(source, after=stream, pool=pool) as copied:
+                        assert bytes(copied.view()) == bytes([fill]) * 64
+            source.memory.free()
+
+        try:
+            anyio.run(main, backend=backend)
+        except BaseException as exc:  # reported by the test's thread
+            failures.append(exc)
+
+    with aiogpu.PinnedPool(device, max_idle_bytes=4096) as pool:
+        threads = [threading.Thread(target=copies, args=args) for args in (("asyncio", 1), ("trio", 2))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert failures == []
+        assert pool.idle_bytes <= 4096
+        anyio.run(lambda: aiogpu.copy_to_device(SimulatedArray(sim, bytes(8)), bytes(8), after=device.default_stream, pool=pool))
+    assert sim.statistics().live_host_buffers == 0
