@@ -734,6 +734,7 @@ async def settle(world: World, call: Callable[[], object]) -> object:
     return None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CALLS))
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(data=st.data())
@@ -1143,6 +1144,7 @@ ApiMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 TestApiMachine = ApiMachine.TestCase
+TestApiMachine.pytestmark = [pytest.mark.slow]  # type: ignore[attr-defined]
 
 
 # -- what the fuzzing turned up ------------------------------------------------------------------

@@ -35,6 +35,7 @@ def waiter_threads() -> list[threading.Thread]:
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.slow
 async def test_a_deadline_ends_a_wait_on_work_that_never_finishes(sim: SimulatedDriver, strategy: str) -> None:
     device = sim.device(0)
     with aiogpu.Stream(device) as stream, Latch(device) as latch:

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # each test runs a pytest session in a subprocess
+
 pytest_plugins = ["pytester"]
 
 ROOT = Path(__file__).parent.parent
