@@ -6,6 +6,7 @@ CuPy arrays).
 from __future__ import annotations
 
 import ctypes
+import gc
 import threading
 from functools import partial
 
@@ -328,6 +329,10 @@ def test_allocate_refuses_bad_input(sim: SimulatedDriver) -> None:
     with sim.allocate(8, device=1) as memory:
         assert repr(memory) == f"<aiogpu.testing.SimulatedBuffer device=1 8 bytes at {memory.pointer:#x}>"
         assert memory.__cuda_array_interface__["shape"] == (8,)
+    assert repr(memory).startswith("<aiogpu.testing.SimulatedBuffer device=1 freed at")
+    sim.allocate(8)  # dropped: freed when collected
+    gc.collect()
+    assert sim.statistics().live_device_buffers == 0
 
 
 def test_one_pinned_pool_serves_loops_in_several_threads_at_once(sim: SimulatedDriver) -> None:

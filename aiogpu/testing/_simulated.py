@@ -32,6 +32,7 @@ import itertools
 import math
 import threading
 import time
+import weakref
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -151,17 +152,19 @@ class SimulatedBuffer:
     Pass it wherever aiogpu takes a CUDA array (``copy_to_host``, ``copy_to_device``): it has
     ``__cuda_array_interface__`` (a C-contiguous ``uint8`` array of :attr:`nbytes`). A test
     reads and writes its contents with :meth:`view`, which a GPU would not allow.
-    ``with`` frees it; after :meth:`free`, copies that name it fail with ``CudaError``.
+    ``with`` frees it, as does collecting it (as torch frees a tensor's memory); after
+    :meth:`free`, copies that name it fail with ``CudaError``.
     """
 
-    __slots__ = ("_allocation", "_device", "_driver", "_nbytes", "_pointer")
+    __slots__ = ("__weakref__", "_allocation", "_device", "_finalizer", "_nbytes", "_pointer")
 
     def __init__(self, driver: _SimulatedDriverCore, allocation: _Allocation, device: int) -> None:
-        self._driver = driver
         self._allocation: _Allocation | None = allocation
         self._pointer = allocation.start
         self._nbytes = allocation.end - allocation.start
         self._device = device
+        self._finalizer = weakref.finalize(self, driver._unregister, allocation.start, "cuMemFree")
+        self._finalizer.atexit = False  # nothing to give back to a process that exits
 
     @property
     def pointer(self) -> int:
@@ -195,9 +198,8 @@ class SimulatedBuffer:
 
     def free(self) -> None:
         """Give the memory back (``cuMemFree``). Idempotent; copies still pending complete."""
-        allocation, self._allocation = self._allocation, None
-        if allocation is not None:
-            self._driver._unregister(allocation.start, "cuMemFree")
+        self._allocation = None
+        self._finalizer()  # once: later calls do nothing
 
     def __enter__(self) -> SimulatedBuffer:
         return self
