@@ -97,8 +97,10 @@ def describe_array(obj: object) -> DeviceArray:
     if isinstance(obj, tuple) and len(obj) == 2:
         pointer, nbytes = obj
         for what, value in (("device pointer", pointer), ("nbytes", nbytes)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise TypeError(f"a raw device buffer is (device pointer, nbytes) of non-negative ints; {what} is {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"a raw device buffer is (device pointer, nbytes) of ints; {what} is {value!r}")
+        if nbytes < 0:
+            raise ValueError(f"a raw device buffer's nbytes must be non-negative, got {nbytes}")
         return DeviceArray(check_address(pointer, "a device pointer"), nbytes, readonly=False)
     interface = getattr(obj, "__cuda_array_interface__", None)
     if not isinstance(interface, dict):
@@ -116,16 +118,14 @@ def describe_array(obj: object) -> DeviceArray:
         raise TypeError(
             f"{type(obj).__name__}.__cuda_array_interface__ lacks a valid 'data' (pointer, read-only), 'shape' or 'typestr'"
         ) from None
-    if not all(isinstance(extent, int) and not isinstance(extent, bool) and extent >= 0 for extent in shape):
-        raise TypeError(f"the CUDA array's shape must be non-negative ints, got {shape!r}")
-    if not (
-        isinstance(typestr, str)
-        and len(typestr) >= 3
-        and typestr[2:].isascii()
-        and typestr[2:].isdecimal()
-        and int(typestr[2:]) > 0
-    ):
-        raise TypeError(f"the CUDA array's typestr must look like '<f4', got {typestr!r}")
+    if not all(isinstance(extent, int) and not isinstance(extent, bool) for extent in shape):
+        raise TypeError(f"the CUDA array's shape must be ints, got {shape!r}")
+    if any(extent < 0 for extent in shape):
+        raise ValueError(f"the CUDA array's shape must be non-negative, got {shape!r}")
+    if not isinstance(typestr, str):
+        raise TypeError(f"the CUDA array's typestr must be a str like '<f4', got {typestr!r}")
+    if not (len(typestr) >= 3 and typestr[2:].isascii() and typestr[2:].isdecimal() and int(typestr[2:]) > 0):
+        raise ValueError(f"the CUDA array's typestr must look like '<f4', got {typestr!r}")
     itemsize = int(typestr[2:])
     count = 1
     for extent in shape:

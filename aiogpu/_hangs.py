@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 import anyio
 
+from ._stream import stream_of
 from ._wait import _watcher
 
 if TYPE_CHECKING:
@@ -24,25 +25,36 @@ if TYPE_CHECKING:
 
     from ._device import Device
     from ._event import Event
+    from ._stream import Stream
 
 logger = logging.getLogger("aiogpu")
 
 
 @dataclass(frozen=True)
 class PendingWait:
-    """A recording of an event that tasks of the running loop are waiting for."""
+    """A recording of an event that tasks of the running loop are waiting for.
+
+    A snapshot, as :func:`pending_waits` saw it.
+
+    Attributes:
+        event: The event the tasks await.
+        stream: The :class:`aiogpu.Stream` the event was recorded on; ``None`` where aiogpu
+            does not know it: an adopted event recorded by its owner, an interprocess event
+            (another process may record it), or a Stream object no longer referred to.
+        device: The event's device.
+        age: Seconds since the first of its tasks began waiting.
+        waiters: How many tasks wait for it.
+        strategy: The wait strategy watching it: ``"auto"``, ``"poll"``, ``"thread"`` or
+            ``"callback"``.
+    """
 
     event: Event
-    #: The ``CUstream`` the event was recorded on (``None`` for an adopted event recorded by its owner).
-    stream: int | None
+    stream: Stream | None
     device: Device
-    #: Seconds since the first of its tasks began waiting.
     age: float
-    #: How many tasks wait for it.
     waiters: int
-    #: The wait strategy watching it.
     strategy: str
-    _key: int = field(repr=False, compare=False)  # the wait's serial number: reported once
+    _key: int = field(default=0, repr=False, compare=False, kw_only=True)  # the wait's serial: reported once
 
 
 def pending_waits() -> list[PendingWait]:
@@ -55,14 +67,14 @@ def pending_waits() -> list[PendingWait]:
     waits = []
     for entry in _watcher.current().pending():
         event: Event = entry.target  # type: ignore[assignment]
-        stream_key = entry.target._stream_key
-        stream = stream_key[1] if isinstance(stream_key, tuple) and stream_key[0] != "event" else None
-        waits.append(PendingWait(event, stream, event.device, now - entry.started, entry.waiters, entry.mode, entry.serial))
+        stream = stream_of(event._stream_key)
+        waits.append(PendingWait(event, stream, event.device, now - entry.started, entry.waiters, entry.mode, _key=entry.serial))
     return waits
 
 
 def _log_hang(wait: PendingWait) -> None:
-    stream = "its owner's stream" if wait.stream is None else f"stream {wait.stream:#x}"
+    handle = None if wait.stream is None else wait.stream.handle
+    stream = "a stream aiogpu does not know" if handle is None else f"stream {handle:#x}"
     logger.warning(
         "a GPU wait has been pending for %.1f s: %s on %s of device %d (%d waiting tasks, strategy %r)",
         wait.age,
@@ -75,7 +87,7 @@ def _log_hang(wait: PendingWait) -> None:
         # pickle an Event.
         extra={
             "aiogpu_event": repr(wait.event),
-            "aiogpu_stream": wait.stream,
+            "aiogpu_stream": handle,
             "aiogpu_device": wait.device.ordinal,
             "aiogpu_age": wait.age,
             "aiogpu_waiters": wait.waiters,
@@ -91,9 +103,10 @@ async def watch_for_hangs(
 
     Run it as a task for the life of the loop (it returns only by cancellation). By default a
     report is a ``WARNING`` record on the ``"aiogpu"`` logger, with the wait's details as plain
-    attributes (``aiogpu_event`` (its repr), ``aiogpu_stream``, ``aiogpu_device``, ``aiogpu_age``,
-    ``aiogpu_waiters``, ``aiogpu_strategy``); pass ``on_hang`` to do something else, for example
-    to make the health check fail. To look without reporting, call :func:`pending_waits`.
+    attributes: ``aiogpu_event`` (its repr), ``aiogpu_stream`` (the ``CUstream`` handle, or
+    ``None``), ``aiogpu_device`` (the ordinal), ``aiogpu_age``, ``aiogpu_waiters`` and
+    ``aiogpu_strategy``. Pass ``on_hang`` to do something else, for example to make the health
+    check fail. To look without reporting, call :func:`pending_waits`.
 
     Args:
         threshold: Seconds a wait may stay pending before it is reported.

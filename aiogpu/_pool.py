@@ -12,12 +12,18 @@ loop and without losing their place. Rules this file keeps:
   stream on.
 - Returning a stream does not wait for its work: the next holder's work runs after it, in
   stream order.
-- One pool serves one event loop (asyncio, uvloop or trio); it can be created before the loop runs.
+- One pool serves one event loop at a time (asyncio, uvloop or trio): its waiters wake through
+  their loop's primitives, which no other thread may touch. The first loop that acquires or
+  releases binds it; another loop may take it over once that loop is closed or its run is over
+  (a test's next ``asyncio.run``), or, stopped, has no task waiting and no stream lent; any
+  other use from a second loop raises ``RuntimeError`` at once rather than hang a waiter.
 """
 
 from __future__ import annotations
 
 import itertools
+import sys
+import weakref
 from collections import deque
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, final
@@ -25,6 +31,7 @@ from typing import TYPE_CHECKING, final
 import anyio
 import anyio.lowlevel
 
+from . import _loop
 from ._device import Device, check_int
 from ._errors import ClosedResourceError
 from ._stream import Stream
@@ -46,6 +53,13 @@ class _Waiter:
 @final
 class StreamPool:
     """Streams on several devices, lent to one task at a time (``async with pool.stream() as s``).
+
+    A pool serves one event loop at a time. It may be created before the loop runs; the first
+    loop that acquires or releases a stream binds it, and it can move on to another loop once
+    that one is over (closed, or its trio run finished), or is stopped with no stream lent and
+    no task waiting: so a pool made once can serve one ``asyncio.run`` after another. Used from
+    a second loop while the first still runs (two threads, each with its loop), it raises
+    ``RuntimeError`` at once: create one pool per loop instead, inside each loop.
 
     Args:
         devices: The devices to spread over (default: every visible device).
@@ -87,6 +101,7 @@ class StreamPool:
         self._waiters: deque[_Waiter] = deque()
         self._turn = itertools.count()
         self._closed = False
+        self._loop: _BoundLoop | None = None  # the loop whose tasks use the pool now
         try:
             for device in chosen:
                 for _ in range(per_device):
@@ -142,7 +157,11 @@ class StreamPool:
         """Take a stream, waiting (without blocking the loop) while none is free; see :meth:`stream`.
 
         Always a checkpoint. Give the stream back with :meth:`release`.
+
+        Raises:
+            RuntimeError: Another event loop that is still running uses the pool.
         """
+        self._check_loop()
         self._check_open()
         if device is not None and device not in self._free:
             raise ValueError(f"{device!r} is not one of this pool's devices")
@@ -175,7 +194,9 @@ class StreamPool:
 
         Raises:
             ValueError: ``stream`` is not lent out by this pool.
+            RuntimeError: Another event loop that is still running uses the pool.
         """
+        self._check_loop()
         if stream not in self._leased:
             raise ValueError(f"{stream!r} is not lent out by this StreamPool")
         if self._closed:
@@ -208,9 +229,15 @@ class StreamPool:
     # -- lifetime -----------------------------------------------------------------------------
     def close(self) -> None:
         """Close the free streams now and lent ones when they come back; waiting tasks get
-        ``ClosedResourceError``. Idempotent."""
+        ``ClosedResourceError``. Idempotent.
+
+        Raises:
+            RuntimeError: Tasks of another event loop, still running, wait for a stream.
+        """
         if self._closed:
             return
+        if self._waiters:  # they are woken through their loop
+            self._check_loop()
         self._closed = True
         for free in self._free.values():
             for stream in free:
@@ -224,6 +251,29 @@ class StreamPool:
         if self._closed:
             raise ClosedResourceError("the StreamPool is closed")
 
+    def _check_loop(self) -> None:
+        """Bind the pool to the calling loop, or raise if another loop still uses it."""
+        here = _BoundLoop.current()
+        bound = self._loop
+        if bound is not None and here is not None and bound.is_loop(here):
+            return
+        if bound is None or bound.is_over():
+            self._waiters.clear()  # only a loop that is over can have left any: gone with it
+            self._loop = None if here is None else _BoundLoop(here)
+            return
+        if not bound.is_running():  # stopped: none of its tasks runs meanwhile
+            if here is None:
+                return
+            if not self._waiters and not self._leased:
+                self._loop = _BoundLoop(here)
+                return
+        where = "outside any event loop" if here is None else f"from {_describe(here)}"
+        raise RuntimeError(
+            f"{self!r} is used by {_describe(bound.loop())}, which is still running, and is used here {where}. "
+            "A StreamPool serves one event loop at a time: create a pool per loop (inside the loop), "
+            "or use this one from another loop once the first has finished"
+        )
+
     def __enter__(self) -> StreamPool:
         return self
 
@@ -236,3 +286,74 @@ class StreamPool:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{self.in_use}/{self.size} in use, {self.waiting} waiting"
         return f"<aiogpu.StreamPool devices={[device.ordinal for device in self._devices]} {state}>"
+
+
+class _BoundLoop:
+    """The loop a pool is bound to: an asyncio loop (weakly) or a trio run (its token)."""
+
+    __slots__ = ("loop",)
+
+    def __init__(self, loop: object) -> None:
+        self.loop: weakref.ref[object] | _Strong = _Strong(loop) if _is_trio_token(loop) else weakref.ref(loop)
+
+    @staticmethod
+    def current() -> object | None:
+        """The calling code's loop: an asyncio loop or a trio run's token (``None``: no loop)."""
+        trio = _loop.in_trio_task()  # first: a trio guest's tasks run inside an asyncio loop's callbacks
+        if trio is not None:
+            token: object = trio.lowlevel.current_trio_token()
+            return token
+        return _loop.running_asyncio_loop()
+
+    def is_loop(self, loop: object) -> bool:
+        return self.loop() is loop
+
+    def is_over(self) -> bool:
+        """Whether the loop can run no task any more (an asyncio loop closed or collected, a
+        trio run finished)."""
+        loop = self.loop()
+        if loop is None:
+            return True
+        if _is_trio_token(loop):
+            try:
+                loop.run_sync_soon(_nothing)  # type: ignore[attr-defined]
+            except RuntimeError:  # trio.RunFinishedError
+                return True
+            return False
+        return loop.is_closed()  # type: ignore[attr-defined,no-any-return]
+
+    def is_running(self) -> bool:
+        loop = self.loop()
+        if loop is None:
+            return False
+        return _is_trio_token(loop) or loop.is_running()  # type: ignore[attr-defined]
+
+
+class _Strong:
+    """A strong reference that reads like a weak one (a trio token: a run's, small, and told
+    apart from the next run's by identity)."""
+
+    __slots__ = ("_object",)
+
+    def __init__(self, obj: object) -> None:
+        self._object = obj
+
+    def __call__(self) -> object:
+        return self._object
+
+
+def _is_trio_token(loop: object) -> bool:
+    trio = sys.modules.get("trio")  # never import trio ourselves: a token means it is imported
+    return trio is not None and isinstance(loop, trio.lowlevel.TrioToken)
+
+
+def _nothing() -> None:
+    pass
+
+
+def _describe(loop: object) -> str:
+    if loop is None:
+        return "an event loop that is gone"
+    if _is_trio_token(loop):
+        return f"a trio run (token {id(loop):#x})"
+    return f"the asyncio event loop {loop!r} (at {id(loop):#x})"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import weakref
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, final
 
@@ -53,6 +54,19 @@ _this_thread = _ThreadSerial()
 _NOTHING_TO_ACTIVATE = nullcontext()
 #: Serial numbers of the streams aiogpu creates (``Stream._wait_key``).
 _created = itertools.count(1)
+#: The Stream objects alive, by wait key, so that what the engine knows by key (the stream of
+#: a pending wait: ``aiogpu.pending_waits``) can be named as the Stream it came from.
+_by_wait_key: weakref.WeakValueDictionary[tuple[int, int, int], Stream] = weakref.WeakValueDictionary()
+
+
+def stream_of(stream_key: object) -> Stream | None:
+    """The live Stream an event's ``_stream_key`` names; ``None`` for an event's own queue
+    (recorded by its owner, or interprocess) or a Stream no longer referred to."""
+    if not isinstance(stream_key, tuple) or stream_key[0] == "event":
+        return None
+    if len(stream_key) == 4:  # ``(device, handle, "thread", thread)``: a per-thread default stream
+        stream_key = (stream_key[0], stream_key[1], 0)
+    return _by_wait_key.get(stream_key)
 
 
 def foreign_stream_handle(obj: object) -> int:
@@ -132,6 +146,7 @@ class Stream:
         self._owner = None
         self._wait_key = (id(device), handle, next(_created))
         self._lifetime = HandleLifetime(self, "Stream", handle, driver.stream_destroy)
+        _by_wait_key[self._wait_key] = self
 
     @classmethod
     def _borrow(cls, device: Device, handle: int, owner: object) -> Stream:
@@ -142,6 +157,7 @@ class Stream:
         self._owner = owner  # keeps the foreign stream alive as long as we use it
         self._wait_key = (id(device), handle, 0)
         self._lifetime = HandleLifetime(self, "Stream", handle, None)
+        _by_wait_key[self._wait_key] = self
         return self
 
     @classmethod
@@ -333,7 +349,8 @@ class Stream:
         Work enqueued after the call starts is not waited for. Always a checkpoint.
 
         Args:
-            strategy: ``"poll"`` or ``"thread"``; see :meth:`Event.wait`.
+            strategy: ``"auto"``, ``"poll"``, ``"thread"`` or ``"callback"`` (see
+                :meth:`Event.wait`); the default is :func:`aiogpu.get_default_wait_strategy`.
 
         Raises:
             CudaError: Enqueued work failed.

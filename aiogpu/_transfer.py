@@ -12,6 +12,9 @@ loop in ``synchronize()``. Rules this file keeps:
   own side stream, so a copy never queues behind another producer's unfinished work.
 - A buffer is never reused, nor freed, while a copy into or out of it may still run: a copy
   whose await was cancelled keeps its buffer out of the pool until the GPU is done with it.
+- A pool holds nothing of an event loop (copies are awaited through the engine, per loop), so
+  one pool may serve several loops, in several threads: its state changes under a lock, never
+  held across a driver call that can wait.
 """
 
 from __future__ import annotations
@@ -102,6 +105,10 @@ class PinnedBuffer:
 class PinnedPool:
     """Page-locked host buffers for transfers with ``device``, reused between requests.
 
+    Unlike a :class:`StreamPool`, a pool holds nothing of an event loop: one pool may serve
+    the copies of several loops at once (threads each running a loop, one ``asyncio.run``
+    after another).
+
     Args:
         device: The device the transfers go to and from (default: ``Device(0)``).
         max_idle_bytes: At most this much returned memory is kept for reuse; more is freed.
@@ -125,6 +132,7 @@ class PinnedPool:
         self._in_flight: dict[int, tuple[list[Event], int]] = {}  # pointer -> (its copies' events, capacity)
         self._in_flight_lock = threading.Lock()  # after close, a thread frees what is held here
         self._side_streams: dict[tuple[int, int, int], Stream] = {}  # producer's wait key -> side stream
+        self._lock = threading.Lock()  # around the idle memory and the side streams: loops in several threads
         self._closed = False
 
     @property
@@ -144,11 +152,12 @@ class PinnedPool:
             raise ValueError(f"nbytes must be positive and at most {_LARGEST} (1 TiB), got {nbytes}")
         self._reap()
         capacity = _size_class(nbytes)
-        idle = self._idle.get(capacity)
-        if idle:
-            self._idle_bytes -= capacity
-            pointer = idle.pop()
-        else:
+        with self._lock:
+            idle = self._idle.get(capacity)
+            pointer = idle.pop() if idle else None
+            if pointer is not None:
+                self._idle_bytes -= capacity
+        if pointer is None:
             with self._device._activated():
                 pointer = self._device._driver.host_alloc(capacity)
         return PinnedBuffer(self, pointer, capacity, nbytes)
@@ -164,13 +173,14 @@ class PinnedPool:
         self._check_open()
         self._check_producer(after)
         key = after._wait_key
-        side = self._side_streams.pop(key, None)
-        if side is None:
-            side = Stream(self._device, nonblocking=True)
-            if len(self._side_streams) >= SIDE_STREAMS:
-                oldest = next(iter(self._side_streams))
-                self._side_streams.pop(oldest).close()
-        self._side_streams[key] = side  # most recently used last
+        with self._lock:
+            side = self._side_streams.pop(key, None)
+            if side is None:
+                side = Stream(self._device, nonblocking=True)
+                if len(self._side_streams) >= SIDE_STREAMS:
+                    oldest = next(iter(self._side_streams))
+                    self._side_streams.pop(oldest).close()
+            self._side_streams[key] = side  # most recently used last
         return side
 
     def _check_producer(self, after: object) -> None:
@@ -180,10 +190,12 @@ class PinnedPool:
             raise ValueError(f"the pool is for device {self._device.ordinal}, the stream for device {after.device.ordinal}")
 
     def _give_back(self, pointer: int, capacity: int) -> None:
-        if not self._closed and self._idle_bytes + capacity <= self._max_idle:
-            self._idle.setdefault(capacity, []).append(pointer)
-            self._idle_bytes += capacity
-        else:
+        with self._lock:
+            keep = not self._closed and self._idle_bytes + capacity <= self._max_idle
+            if keep:
+                self._idle.setdefault(capacity, []).append(pointer)
+                self._idle_bytes += capacity
+        if not keep:
             self._free(pointer)
 
     def _hold_until_done(self, event: Event, buffer: PinnedBuffer) -> None:
@@ -236,23 +248,23 @@ class PinnedPool:
         This **blocks** until copies abandoned by cancelled awaits have finished with their
         memory (so it is never freed under the GPU); there are none unless awaits were cancelled.
         """
-        if self._closed:
-            return
-        self._closed = True
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            idle, self._idle, self._idle_bytes = self._idle, {}, 0
+            sides, self._side_streams = self._side_streams, {}
         with self._in_flight_lock:
             in_flight, self._in_flight = self._in_flight, {}
         for pointer, (events, _) in in_flight.items():
             for event in events:
                 _finish_quietly(event)
             self._free(pointer)
-        for pointers in self._idle.values():
+        for pointers in idle.values():
             for pointer in pointers:
                 self._free(pointer)
-        self._idle.clear()
-        self._idle_bytes = 0
-        for side in self._side_streams.values():
+        for side in sides.values():
             side.close()
-        self._side_streams.clear()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -289,7 +301,8 @@ async def copy_to_host(source: object, *, after: Stream, pool: PinnedPool, strat
             ``__cuda_array_interface__`` object) or a ``(device_pointer, nbytes)`` pair.
         after: The stream whose work produces ``source``.
         pool: Where the host memory comes from; its device must be ``after``'s.
-        strategy: The wait strategy (default: the process default).
+        strategy: ``"auto"``, ``"poll"``, ``"thread"`` or ``"callback"`` (see
+            :meth:`Event.wait`); the default is :func:`aiogpu.get_default_wait_strategy`.
 
     Returns:
         The host copy; give it back with ``release()`` (or ``with``) when done with it.
@@ -325,7 +338,8 @@ async def copy_to_device(
             :class:`PinnedBuffer`, of exactly ``destination``'s size.
         after: The stream whose earlier work must finish before ``destination`` is overwritten.
         pool: Staging memory and the side stream; its device must be ``after``'s.
-        strategy: The wait strategy (default: the process default).
+        strategy: ``"auto"``, ``"poll"``, ``"thread"`` or ``"callback"`` (see
+            :meth:`Event.wait`); the default is :func:`aiogpu.get_default_wait_strategy`.
 
     Raises:
         TypeError: Wrong argument types.

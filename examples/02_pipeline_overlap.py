@@ -18,48 +18,36 @@ Run:  python examples/02_pipeline_overlap.py
 
 from __future__ import annotations
 
-import ctypes
 import importlib.util
 import sys
 import time
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 import aiogpu
 from aiogpu.testing import SimulatedDriver, launch_spin
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 CHUNKS = 12
 LANES = 3  # coroutines, each with its own compute stream
 
 
-def open_device() -> tuple[aiogpu.Device, str, int, float]:
-    """(device, what it is, bytes per chunk, compute seconds per chunk)."""
+def open_device() -> tuple[aiogpu.Device, str, int, float, Callable[[int], Any]]:
+    """(device, what it is, bytes per chunk, compute seconds per chunk, device memory maker)."""
     try:
         device = aiogpu.Device(0)
     except aiogpu.CudaUnavailableError as exc:
         reason = str(exc).split(". ", 1)[0]
         sim = SimulatedDriver(record_latency=0.002)  # copies and compute take simulated time
-        return sim.device(0), f"the simulated device (no GPU: {reason})", 1 << 20, 0.004
-    return device, f"GPU {device.ordinal}: {device.name}", 16 << 20, 0.02
+        return sim.device(0), f"the simulated device (no GPU: {reason})", 1 << 20, 0.004, sim.allocate
+    return device, f"GPU {device.ordinal}: {device.name}", 16 << 20, 0.02, partial(gpu_array, device)
 
 
-class HostBackedArray:
-    """Device memory on the simulated device (which is host memory), as a CUDA array."""
-
-    def __init__(self, nbytes: int) -> None:
-        self.memory = ctypes.create_string_buffer(nbytes)
-        self.__cuda_array_interface__ = {
-            "data": (ctypes.addressof(self.memory), False),
-            "shape": (nbytes,),
-            "typestr": "|u1",
-            "version": 3,
-        }
-
-
-def device_array(device: aiogpu.Device, nbytes: int) -> Any:
-    if device.driver_name == "simulated":
-        return HostBackedArray(nbytes)
+def gpu_array(device: aiogpu.Device, nbytes: int) -> Any:
     if importlib.util.find_spec("torch") is not None:
         import torch
 
@@ -70,10 +58,12 @@ def device_array(device: aiogpu.Device, nbytes: int) -> Any:
         return cupy.empty(nbytes, dtype=cupy.uint8)
 
 
-async def run(device: aiogpu.Device, chunk_bytes: int, compute_seconds: float, lanes: int) -> float:
+async def run(
+    device: aiogpu.Device, device_array: Callable[[int], Any], chunk_bytes: int, compute_seconds: float, lanes: int
+) -> float:
     """Push every chunk through the three stages with ``lanes`` coroutines; return the seconds."""
     chunks = [bytes([index]) * chunk_bytes for index in range(CHUNKS)]
-    inputs = [device_array(device, chunk_bytes) for _ in range(lanes)]
+    inputs = [device_array(chunk_bytes) for _ in range(lanes)]
     # A pool (and side stream) per direction, each keeping a buffer per lane for reuse.
     copy_in = aiogpu.PinnedPool(device, max_idle_bytes=lanes * chunk_bytes)
     copy_out = aiogpu.PinnedPool(device, max_idle_bytes=lanes * chunk_bytes)
@@ -110,13 +100,13 @@ async def run(device: aiogpu.Device, chunk_bytes: int, compute_seconds: float, l
 
 
 async def main() -> None:
-    device, where, chunk_bytes, compute_seconds = open_device()
+    device, where, chunk_bytes, compute_seconds, device_array = open_device()
     print(
         f"aiogpu pipeline on {where}: {CHUNKS} chunks of {chunk_bytes >> 20} MiB, {compute_seconds * 1e3:.0f} ms of compute each"
     )
-    await run(device, chunk_bytes, compute_seconds, LANES)  # warm-up: kernels loaded, memory touched
-    serial = await run(device, chunk_bytes, compute_seconds, 1)
-    overlapped = await run(device, chunk_bytes, compute_seconds, LANES)
+    await run(device, device_array, chunk_bytes, compute_seconds, LANES)  # warm-up: kernels loaded, memory touched
+    serial = await run(device, device_array, chunk_bytes, compute_seconds, 1)
+    overlapped = await run(device, device_array, chunk_bytes, compute_seconds, LANES)
     print(f"serial (1 coroutine)     {serial * 1e3:7.1f} ms")
     print(f"pipelined ({LANES} coroutines) {overlapped * 1e3:7.1f} ms: {serial / overlapped:.2f}x faster, every byte checked")
 

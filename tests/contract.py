@@ -158,6 +158,7 @@ class Contract:
             with anyio.fail_after(10):
                 await event
 
+    @pytest.mark.slow
     async def test_cancelled_waits_leak_nothing(self, device: aiogpu.Device, strategy: aiogpu.WaitStrategy) -> None:
         with aiogpu.Stream(device) as stream, Latch(device) as latch:
             latch.block(stream)
@@ -177,6 +178,7 @@ class Contract:
         assert statistics.running_jobs == statistics.queued_jobs == 0
         assert statistics.threads == 0
 
+    @pytest.mark.slow
     async def test_other_waits_go_on_when_the_first_waiter_is_cancelled(
         self, device: aiogpu.Device, strategy: aiogpu.WaitStrategy
     ) -> None:
@@ -205,6 +207,7 @@ class Contract:
                     latch.release()
             assert woke.is_set()
 
+    @pytest.mark.slow
     async def test_tasks_that_join_a_recording_after_others_left_it_are_woken(
         self, device: aiogpu.Device, strategy: aiogpu.WaitStrategy
     ) -> None:
@@ -238,6 +241,7 @@ class Contract:
             assert sorted(woke) == ["b", "d"]
             event.close()
 
+    @pytest.mark.slow
     async def test_a_wait_that_starts_while_the_watcher_winds_down_is_watched(
         self, device: aiogpu.Device, strategy: aiogpu.WaitStrategy
     ) -> None:

@@ -36,6 +36,7 @@ def run_on_the_simulated_device(benchmark: str, out: Path, timeout: float) -> su
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_the_wake_benchmark_runs_on_the_simulated_device_and_labels_it(tmp_path: Path) -> None:
     run = run_on_the_simulated_device("wake", tmp_path, timeout=280)
     result = json.loads((tmp_path / "wake.json").read_text())

@@ -20,6 +20,8 @@ from aiogpu._wait import _doorbell, _helpers, _thread
 from aiogpu.testing import SimulatedDriver
 from tests.helpers import settle_waiter_threads
 
+pytestmark = pytest.mark.slow  # a storm of cancellations
+
 WAITS = 100_000
 LOOPS: list[tuple[str, dict[str, Any]]] = [("asyncio", {}), ("asyncio", {"use_uvloop": True}), ("trio", {})]
 STRATEGIES: list[aiogpu.WaitStrategy] = ["auto", "poll", "thread", "callback"]

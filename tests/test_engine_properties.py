@@ -31,6 +31,7 @@ def scenarios(draw: st.DrawFn) -> tuple[list[int], list[int], list[int], str]:
     return streams, list(wait_order), list(release_order), strategy
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(scenario=scenarios())

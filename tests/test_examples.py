@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # each example runs in a child interpreter
+
 EXAMPLES = Path(__file__).parent.parent / "examples"
 
 

@@ -17,6 +17,8 @@ import pytest
 
 import aiogpu
 
+pytestmark = pytest.mark.slow  # children forked and spawned
+
 ROOT = Path(__file__).resolve().parents[1]
 
 SCRIPT = textwrap.dedent(

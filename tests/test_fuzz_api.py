@@ -206,11 +206,12 @@ def leftovers(driver: SimulatedDriver) -> dict[str, int]:
         "streams": statistics.live_streams - helpers,
         "latches": statistics.live_latches,
         "host buffers": statistics.live_host_buffers,
+        "device buffers": statistics.live_device_buffers,
         "lifetime violations": statistics.lifetime_violations,
     }
 
 
-NOTHING_LEFT = dict.fromkeys(("events", "streams", "latches", "host buffers", "lifetime violations"), 0)
+NOTHING_LEFT = dict.fromkeys(("events", "streams", "latches", "host buffers", "device buffers", "lifetime violations"), 0)
 
 
 def assert_nothing_left(*drivers: SimulatedDriver) -> None:
@@ -267,9 +268,10 @@ class World:
         self.small_buffer = self.pinned_pool.take(16)
         self.released_buffer = self.pinned_pool.take(64)
         self.released_buffer.release()
-        # Simulated device memory is host memory: this stands in for a device array.
-        self.memory = ctypes.create_string_buffer(bytes(range(256)) * 2, 512)
-        self.address = ctypes.addressof(self.memory)
+        # Simulated device memory: the one device array every well-formed array points into.
+        self.memory = self.sim.allocate(512)
+        self.memory.view()[:] = bytes(range(256)) * 2
+        self.address = self.memory.pointer
 
         self.devices = [self.dev0, self.dev1, self.foreign_device]
         self.streams = [
@@ -331,8 +333,7 @@ class World:
         return self.expect_pending or any(value is held for value in self.drawn for held in self.held)
 
     def arrays(self) -> list[object]:
-        """Well-formed device arrays, all at ``self.memory`` (the simulator copies from wherever a
-        pointer points, so no test array points anywhere else)."""
+        """Well-formed device arrays, all at ``self.memory`` (the copy checks compare with it)."""
         address = self.address
         return [
             (address, 64),
@@ -361,8 +362,8 @@ class World:
 
     def fuzzed_arrays(self) -> st.SearchStrategy[object]:
         """``__cuda_array_interface__`` dicts with fuzzed fields. Every pointer that passes is
-        ``self.memory`` and every shape at most 16 items of at most 8 bytes (the simulator would
-        copy from wherever the pointer points)."""
+        ``self.memory`` and every shape at most 16 items of at most 8 bytes (within it: the copy
+        checks compare with it)."""
         pointers = st.one_of(st.just(self.address), st.sampled_from([-1, 2**64, 1.5, "0x10", True, [self.address]]))
         data = st.one_of(
             st.tuples(pointers, JUNK),
@@ -387,6 +388,7 @@ class World:
         for obj in [*self.results, *self.objects]:
             dispose(obj)
         self.latch.close()
+        self.memory.free()
         assert_nothing_left(self.sim, self.other)
 
 
@@ -732,6 +734,7 @@ async def settle(world: World, call: Callable[[], object]) -> object:
     return None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CALLS))
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(data=st.data())
@@ -1141,6 +1144,7 @@ ApiMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 TestApiMachine = ApiMachine.TestCase
+TestApiMachine.pytestmark = [pytest.mark.slow]  # type: ignore[attr-defined]
 
 
 # -- what the fuzzing turned up ------------------------------------------------------------------
@@ -1164,13 +1168,29 @@ def test_device_count_rejects_what_is_not_a_driver() -> None:
     [
         pytest.param({}, id="no keys (was KeyError)"),
         pytest.param({"shape": (2.0,), "typestr": "<f8"}, id="float extents (a float nbytes reached the driver)"),
-        pytest.param({"shape": (-2, -1), "typestr": "<f8"}, id="negative extents (were multiplied out)"),
+        pytest.param({"shape": (2,), "typestr": 8}, id="a typestr that is not a str"),
     ],
 )
 def test_a_malformed_cuda_array_interface_is_a_type_error(fields: dict[str, object]) -> None:
-    device = SimulatedDriver().device(0)
-    memory = ctypes.create_string_buffer(16)
-    array = CudaArrayLike({"data": (ctypes.addressof(memory), False), **fields} if fields else {})
+    check_malformed_array_interface(fields, TypeError)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        pytest.param({"shape": (-2, -1), "typestr": "<f8"}, id="negative extents (were multiplied out)"),
+        pytest.param({"shape": (2,), "typestr": "<f-8"}, id="a typestr of no item size"),
+    ],
+)
+def test_an_array_interface_of_wrong_values_is_a_value_error(fields: dict[str, object]) -> None:
+    check_malformed_array_interface(fields, ValueError)
+
+
+def check_malformed_array_interface(fields: dict[str, object], error: type[Exception]) -> None:
+    sim = SimulatedDriver()
+    device = sim.device(0)
+    memory = sim.allocate(16)
+    array = CudaArrayLike({"data": (memory.pointer, False), **fields} if fields else {})
 
     async def main() -> None:
         with (
@@ -1178,7 +1198,7 @@ def test_a_malformed_cuda_array_interface_is_a_type_error(fields: dict[str, obje
             aiogpu.Stream(device) as stream,
             pool.take(16) as source,
             anyio.fail_after(FINISH),
-            pytest.raises(TypeError, match="CUDA array|__cuda_array_interface__"),
+            pytest.raises(error, match="CUDA array|__cuda_array_interface__"),
         ):
             await aiogpu.copy_to_device(array, source, after=stream, pool=pool)
 

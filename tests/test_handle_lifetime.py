@@ -215,6 +215,7 @@ def test_a_handle_collected_while_counted_in_use_is_destroyed() -> None:
 
 
 @pytest.mark.parametrize("first", [True, False], ids=["first-finalizer", "after-another"])
+@pytest.mark.slow
 def test_finalizers_run_at_exit_know_it_is_exit(first: bool) -> None:
     # atexit runs hooks last in, first out: the flag must be set before weakref.finalize's hook
     # runs, whether or not a finalizer (and so that hook) existed before aiogpu's first one.

@@ -6,8 +6,10 @@ A ``Latch`` that is never released (until clean-up) is the work that never finis
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import pickle
+import pydoc
 import threading
 import time
 
@@ -33,6 +35,7 @@ def waiter_threads() -> list[threading.Thread]:
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.slow
 async def test_a_deadline_ends_a_wait_on_work_that_never_finishes(sim: SimulatedDriver, strategy: str) -> None:
     device = sim.device(0)
     with aiogpu.Stream(device) as stream, Latch(device) as latch:
@@ -66,7 +69,7 @@ async def test_pending_waits_lists_what_tasks_wait_for(sim: SimulatedDriver) -> 
             waits = aiogpu.pending_waits()
             assert {wait.event: wait.waiters for wait in waits} == {first: 2, second: 1}
             assert waits[0].age >= waits[1].age  # oldest wait first
-            assert all(wait.stream == stream.handle and wait.device is device for wait in waits)
+            assert all(wait.stream is stream and wait.device is device for wait in waits)
             assert all(wait.age >= 0 and wait.strategy == "auto" for wait in waits)
             latch.release()
         assert aiogpu.pending_waits() == []
@@ -96,7 +99,7 @@ async def test_watch_for_hangs_reports_each_stuck_wait_once(sim: SimulatedDriver
                 await anyio.sleep(0.1)  # ten more looks: still one report
                 assert [wait.event for wait in reports] == [stuck]
                 assert reports[0].age >= 0.05
-                assert reports[0].stream == stuck_stream.handle
+                assert reports[0].stream is stuck_stream
                 latch.release()
                 await stuck.wait()
                 tg.cancel_scope.cancel()
@@ -117,6 +120,7 @@ async def test_hangs_are_logged_by_default(sim: SimulatedDriver, caplog: pytest.
         assert "a GPU wait has been pending for" in record.getMessage()
         assert f"stream {stream.handle:#x} of device 0" in record.getMessage()
         assert record.aiogpu_event == repr(stuck)  # type: ignore[attr-defined]
+        assert record.aiogpu_stream == stream.handle  # type: ignore[attr-defined]
         assert record.aiogpu_age >= 0.02  # type: ignore[attr-defined]
         pickle.dumps(record)  # handlers that pickle records (QueueHandler, SocketHandler) can
         latch.release()
@@ -136,3 +140,32 @@ async def test_watch_for_hangs_refuses_bad_input() -> None:
 def test_pending_waits_needs_a_running_loop() -> None:
     with pytest.raises(RuntimeError, match="running asyncio, uvloop or trio event loop"):
         aiogpu.pending_waits()
+
+
+def test_a_pending_wait_documents_its_fields() -> None:
+    """help(aiogpu.PendingWait) shows what each field means."""
+    text = pydoc.render_doc(aiogpu.PendingWait, renderer=pydoc.plaintext)
+    for field in dataclasses.fields(aiogpu.PendingWait):
+        if not field.name.startswith("_"):
+            assert f"{field.name}: " in text.split("Attributes:", 1)[1], field.name
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        aiogpu.PendingWait(None, None, None, 0.0, 1, "auto").age = 1.0  # type: ignore[arg-type,misc]
+
+
+async def test_a_pending_wait_names_the_stream_where_aiogpu_knows_it(sim: SimulatedDriver) -> None:
+    device = sim.device(0)
+    with aiogpu.Stream(device) as stream, Latch(device) as latch:
+        latch.block(stream)
+        latch.block(device.default_stream)
+        on_stream, on_default = stream.record(), device.default_stream.record()
+        shared = stream.record(interprocess=True)  # another process may record it: its own queue
+        adopted = aiogpu.Event.adopt(on_stream.handle, device=device)  # its owner records it
+        async with anyio.create_task_group() as tg:
+            for event in (on_stream, on_default, shared, adopted):
+                tg.start_soon(event.wait)
+            await anyio.wait_all_tasks_blocked()
+            streams = {wait.event: wait.stream for wait in aiogpu.pending_waits()}
+            assert streams == {on_stream: stream, on_default: device.default_stream, shared: None, adopted: None}
+            latch.release()
+        for event in (on_stream, on_default, shared, adopted):
+            event.close()

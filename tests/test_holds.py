@@ -63,6 +63,7 @@ async def test_home_waits_count_on_the_event_not_on_its_handle_lifetime(sim: Sim
 
 
 @pytest.mark.parametrize("strategy", ["auto", "poll", "thread", "callback"])
+@pytest.mark.slow
 async def test_a_closed_event_is_destroyed_when_its_last_home_wait_ends(sim: SimulatedDriver, strategy: str) -> None:
     device = sim.device(0)
     with aiogpu.Stream(device) as stream, Latch(device) as latch:

@@ -33,6 +33,7 @@ def live_handles(device: aiogpu.Device) -> tuple[int, int] | None:
     return snapshot.live_events, snapshot.live_streams - helpers
 
 
+@pytest.mark.slow
 async def test_dropped_streams_and_events_with_pending_waits(device: aiogpu.Device, strategy: aiogpu.WaitStrategy) -> None:
     before = live_handles(device)
     with Latch(device) as latch:
@@ -70,6 +71,7 @@ async def test_dropped_streams_and_events_with_pending_waits(device: aiogpu.Devi
     assert live_handles(device) == before
 
 
+@pytest.mark.slow
 async def test_a_closed_event_lives_while_a_task_still_awaits_it(sim: SimulatedDriver, strategy: aiogpu.WaitStrategy) -> None:
     # Three tasks await one recording (one entry of the watcher); the event is closed meanwhile.
     # The handle outlives the two cancelled waits and is destroyed once the last one is over.

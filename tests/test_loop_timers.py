@@ -55,6 +55,7 @@ def _due(loop: asyncio.AbstractEventLoop, handle: asyncio.TimerHandle) -> float:
 
 @pytest.mark.asyncio
 @pytest.mark.parametrize("strategy", ["auto", "thread", "callback", "poll"])
+@pytest.mark.slow
 async def test_a_loop_timer_due_while_the_watcher_parks_is_kept_once(
     sim: SimulatedDriver,
     timer_calls: list[tuple[float, object]],

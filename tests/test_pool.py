@@ -6,7 +6,10 @@ real GPUs.
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections import Counter
+from collections.abc import Awaitable, Callable
 
 import anyio
 import pytest
@@ -165,3 +168,98 @@ async def test_bad_input_is_refused_clearly(devices: list[aiogpu.Device]) -> Non
             await pool.acquire(devices[1])
         with aiogpu.Stream(devices[0]) as stranger, pytest.raises(ValueError, match="not lent out by this StreamPool"):
             pool.release(stranger)
+
+
+def run_asyncio(main: Callable[[], Awaitable[object]]) -> None:
+    async def run() -> None:
+        await main()
+
+    asyncio.run(run())
+
+
+def run_trio(main: Callable[[], Awaitable[object]]) -> None:
+    import trio
+
+    trio.run(main)
+
+
+RUNNERS: dict[str, Callable[[Callable[[], Awaitable[object]]], None]] = {"asyncio": run_asyncio, "trio": run_trio}
+
+
+@pytest.mark.parametrize("second", ["asyncio", "trio"])
+def test_a_pool_used_from_a_second_running_loop_refuses_at_once(second: str) -> None:
+    """Waiters wake through their own loop: a stream handed from one loop to a task of another
+    was set from the wrong thread (trio: 'must be called from async context', and its task
+    waited forever). The second loop now gets a clear error before it waits."""
+    device = SimulatedDriver().device(0)
+    pool = aiogpu.StreamPool([device], streams_per_device=1)
+    held, second_done = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    async def first_loop() -> None:
+        async with pool.stream():
+            held.set()
+            await anyio.to_thread.run_sync(second_done.wait, 10)
+
+    first = threading.Thread(target=lambda: asyncio.run(first_loop()))
+    first.start()
+    try:
+        assert held.wait(10)
+
+        async def second_loop() -> None:
+            with anyio.fail_after(5):  # (it used to wait here for good)
+                try:
+                    await pool.acquire()
+                except RuntimeError as exc:
+                    errors.append(exc)
+                with pytest.raises(RuntimeError, match="still running"):
+                    async with pool.stream():
+                        pass
+
+        RUNNERS[second](second_loop)
+    finally:
+        second_done.set()
+        first.join(10)
+    (error,) = errors
+    message = str(error)
+    assert "<aiogpu.StreamPool devices=[0] 1/1 in use, 0 waiting> is used by the asyncio event loop" in message
+    assert ("from a trio run" if second == "trio" else "from the asyncio event loop") in message
+    assert "create a pool per loop" in message
+    pool.close()
+
+
+@pytest.mark.parametrize("runs", [["asyncio", "asyncio"], ["trio", "asyncio"], ["asyncio", "trio", "trio"]])
+def test_a_pool_serves_one_loop_after_another(runs: list[str]) -> None:
+    """One pool for a whole test session: each run's loop takes it over once the last is over."""
+    device = SimulatedDriver().device(0)
+    with aiogpu.StreamPool([device], streams_per_device=1) as pool:
+        for run in runs:
+
+            async def use() -> None:
+                with anyio.fail_after(5):
+                    async with anyio.create_task_group() as tg:
+                        for _ in range(3):  # the second and third wait, and are handed the stream
+                            tg.start_soon(borrow)
+
+            async def borrow() -> None:
+                async with pool.stream() as stream:
+                    await stream.record()
+
+            RUNNERS[run](use)
+        assert pool.in_use == 0
+
+
+def test_a_stopped_loop_hands_an_idle_pool_on() -> None:
+    device = SimulatedDriver().device(0)
+    stopped = asyncio.new_event_loop()
+    try:
+        with aiogpu.StreamPool([device], streams_per_device=1) as pool:
+            stream = stopped.run_until_complete(pool.acquire())
+            with pytest.raises(RuntimeError, match="still running"):
+                # stopped, but a stream is lent: its tasks may give it back when it runs again
+                asyncio.run(pool.acquire())
+            pool.release(stream)  # outside any loop, while the bound one is stopped
+            other = asyncio.run(pool.acquire())  # idle now: this loop takes it over
+            pool.release(other)  # (that loop is closed: any caller may)
+    finally:
+        stopped.close()

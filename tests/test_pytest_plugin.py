@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # each test runs a pytest session in a subprocess
+
 pytest_plugins = ["pytester"]
 
 ROOT = Path(__file__).parent.parent
@@ -25,13 +27,14 @@ def test_the_service_example_passes_with_the_plugin(pytester: pytest.Pytester) -
         shutil.copy(EXAMPLE / name, pytester.path / name)
     result = pytester.runpytest_subprocess("-p", "aiogpu.testing.pytest_plugin", "-p", "no:cacheprovider", "-v")
     outcomes = result.parseoutcomes()
-    assert outcomes.get("passed", 0) >= 3, result.stdout.str()  # once per anyio backend installed
+    assert outcomes.get("passed", 0) >= 4, result.stdout.str()  # once per anyio backend installed
     assert "failed" not in outcomes, result.stdout.str()
     assert "errors" not in outcomes, result.stdout.str()
     for test in (
         "test_a_request_waits_for_its_gpu_work",
         "test_a_gpu_fault_becomes_an_error_response",
         "test_concurrent_requests_all_complete",
+        "test_a_request_times_out_when_the_gpu_is_stuck",
     ):
         result.stdout.fnmatch_lines([f"*::{test}*PASSED*"])
 
@@ -75,3 +78,43 @@ def test_the_device_is_the_real_driver_again_after_the_test(pytester: pytest.Pyt
     )
     result = pytester.runpytest_subprocess("-p", "aiogpu.testing.pytest_plugin", "-p", "no:cacheprovider", "-q")
     result.assert_outcomes(passed=2)
+
+
+def test_held_recordings_stay_pending_until_the_test_releases_them(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import anyio
+        import pytest
+        import aiogpu
+
+        pytestmark = pytest.mark.anyio
+
+        @pytest.fixture(params=["asyncio", "trio"])
+        def anyio_backend(request):
+            return request.param
+
+        @pytest.mark.simulated_gpu(hold_recordings=True)
+        async def test_held_from_the_start(simulated_gpu):
+            with aiogpu.Stream() as first, aiogpu.Stream() as second:
+                events = [first.record(), second.record()]
+                with anyio.move_on_after(0.05) as waited:
+                    await events[0]
+                assert waited.cancelled_caught and not any(event.is_done for event in events)
+                simulated_gpu.release_recordings()
+                with anyio.fail_after(5):
+                    for event in events:
+                        await event
+                    await first.record()  # no longer held
+                for event in events:
+                    event.close()
+
+        async def test_held_from_a_call_and_released_by_the_fixture(simulated_gpu):
+            with aiogpu.Stream() as stream:
+                with stream.record() as before:
+                    simulated_gpu.hold_recordings()
+                    with stream.record() as held:
+                        assert before.is_done and not held.is_done
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "aiogpu.testing.pytest_plugin", "-p", "no:cacheprovider", "-q")
+    result.assert_outcomes(passed=4)

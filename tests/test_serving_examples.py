@@ -29,6 +29,7 @@ def server(kind: str) -> AbstractContextManager[str]:
 
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("kind", ["fastapi", "aiohttp"])
+@pytest.mark.slow
 def test_server_predicts_and_stays_healthy(kind: str) -> None:
     with server(kind) as url:
         status, body = call(url + "/predict", {"tokens": [1, 2, 3]})
@@ -49,6 +50,7 @@ def test_server_predicts_and_stays_healthy(kind: str) -> None:
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.slow
 def test_load_test_reports_every_mode() -> None:
     result = subprocess.run(
         [sys.executable, str(SERVING / "loadtest.py"), "--seconds", "1", "--warmup", "0.5", "--concurrency", "8", "--rate", "50"],

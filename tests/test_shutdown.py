@@ -12,6 +12,8 @@ import time
 
 import pytest
 
+pytestmark = pytest.mark.slow  # each test runs a child interpreter to its exit
+
 SCRIPT = textwrap.dedent(
     """
     import atexit, weakref

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import pydoc
 import threading
 import time
 from contextlib import contextmanager
@@ -1257,8 +1258,34 @@ def test_record_latency_makes_every_recording_take_that_long() -> None:
         event.synchronize()
         assert time.monotonic() - started >= 0.05
         event.close()
-    with pytest.raises(ValueError, match="record_latency must be a finite non-negative number"):
+    with pytest.raises(ValueError, match="record_latency must be a finite number of seconds, got inf: .* hold_recordings=True"):
         SimulatedDriver(record_latency=math.inf)
+    with pytest.raises(ValueError, match="record_latency must be a finite non-negative number"):
+        SimulatedDriver(record_latency=-1)
+
+
+def test_held_recordings_complete_in_stream_order_once_released(sim: SimulatedDriver) -> None:
+    device = sim.device(0)
+    with aiogpu.Stream(device) as stream, aiogpu.Stream(sim.device(1)) as other:
+        sim.hold_recordings()
+        sim.hold_recordings()  # idempotent
+        first = stream.record()
+        work = sim.launch(stream)  # held work of its own, after the held recording
+        second = stream.record()
+        elsewhere = other.record()
+        assert not (first.is_done or second.is_done or elsewhere.is_done)
+        sim.release_recordings()
+        assert first.is_done and elsewhere.is_done
+        assert not second.is_done  # still behind the work launched before it
+        with stream.record() as later:
+            assert not later.is_done  # behind that work too, but not held itself
+            work.release()
+            assert second.is_done and later.is_done
+        sim.release_recordings()  # idempotent
+        for event in (first, second, elsewhere):
+            event.close()
+    with pytest.raises(TypeError, match="hold_recordings must be a bool"):
+        SimulatedDriver(hold_recordings=1)  # type: ignore[arg-type]
 
 
 def test_fail_next_record_faults_the_next_recorded_work(sim: SimulatedDriver) -> None:
@@ -1274,3 +1301,29 @@ def test_fail_next_record_faults_the_next_recorded_work(sim: SimulatedDriver) ->
         assert caught.value.is_context_lost
     with pytest.raises(ValueError, match="unknown CUresult name"):
         sim.fail_next_record("NOT_AN_ERROR")
+
+
+def test_help_shows_the_test_api_and_groups_the_driver_interface() -> None:
+    """help(SimulatedDriver) leads with what a test uses; aiogpu's driver calls come after,
+    under the private base that implements them."""
+    text = pydoc.render_doc(SimulatedDriver, renderer=pydoc.plaintext)
+    own, _, inherited = text.partition("Methods inherited from aiogpu.testing._simulated._SimulatedDriverCore")
+    calls = [name for name in vars(_driver.Driver) if not name.startswith("_") and callable(getattr(_driver.Driver, name))]
+    assert len(calls) > 30
+    for name in calls:
+        assert f" |  {name}(" not in own, name
+        assert f" |  {name}(" in inherited, name
+    public = {name for name in vars(SimulatedDriver) if not name.startswith("_")}
+    assert public == {
+        "device",
+        "installed",
+        "launch",
+        "fail_next_record",
+        "hold_recordings",
+        "release_recordings",
+        "allocate",
+        "statistics",
+        "wait_until_blocked",
+    }
+    for name in public:
+        assert getattr(SimulatedDriver, name).__doc__, name

@@ -21,6 +21,8 @@ import pytest
 from aiogpu._wait import _thread
 from tests import soak
 
+pytestmark = pytest.mark.slow  # a million awaits in a child process
+
 ROOT = Path(__file__).resolve().parents[1]
 AWAITS = 1_000_000
 #: The issue's bound on resident memory growth after warm-up.

@@ -223,6 +223,7 @@ def _collected(reference: Any, timeout: float = 10.0) -> bool:
 
 
 @pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
+@pytest.mark.slow
 def test_a_loop_closed_with_waits_pending_is_collected_with_its_tasks(
     device: aiogpu.Device, strategy: aiogpu.WaitStrategy, loop_kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -303,6 +304,7 @@ def test_a_closed_event_keeps_no_entry_of_a_wait_requeued_for_its_new_recording(
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_the_doorbell_forgets_a_listener_whose_loop_is_gone_without_another_ring() -> None:
     # A callback wait's last ring may come just before its loop is closed: the doorbell pokes its
     # listeners once a second without a ring too, and forgets one whose poke fails.
@@ -333,6 +335,7 @@ def test_the_doorbell_forgets_a_listener_whose_loop_is_gone_without_another_ring
 
 
 @pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
+@pytest.mark.slow
 def test_a_wait_whose_task_nobody_refers_to_completes(
     device: aiogpu.Device, strategy: aiogpu.WaitStrategy, loop_kind: str
 ) -> None:

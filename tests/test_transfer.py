@@ -6,6 +6,7 @@ CuPy arrays).
 from __future__ import annotations
 
 import ctypes
+import gc
 import threading
 from functools import partial
 
@@ -19,12 +20,13 @@ pytestmark = pytest.mark.anyio
 
 
 class SimulatedArray:
-    """A CUDA array as the simulated driver sees one: ``__cuda_array_interface__`` over host bytes."""
+    """A ``uint32`` CUDA array in the simulated driver's device memory."""
 
-    def __init__(self, data: bytes, *, readonly: bool = False) -> None:
-        self.memory = ctypes.create_string_buffer(data, len(data))
+    def __init__(self, sim: SimulatedDriver, data: bytes, *, readonly: bool = False) -> None:
+        self.memory = sim.allocate(len(data))
+        self.memory.view()[:] = data
         self.__cuda_array_interface__ = {
-            "data": (ctypes.addressof(self.memory), readonly),
+            "data": (self.memory.pointer, readonly),
             "shape": (len(data) // 4,),
             "typestr": "<u4",
             "strides": None,
@@ -32,12 +34,12 @@ class SimulatedArray:
         }
 
     def contents(self) -> bytes:
-        return self.memory.raw
+        return bytes(self.memory.view())
 
 
 async def test_copy_to_host_waits_for_the_producer_and_returns_the_bytes(sim: SimulatedDriver) -> None:
     device = sim.device(0)
-    source = SimulatedArray(bytes(range(64)))
+    source = SimulatedArray(sim, bytes(range(64)))
     with aiogpu.PinnedPool(device) as pool, aiogpu.Stream(device) as producer, Latch(device) as latch:
         latch.block(producer)  # the producer's work is not done yet
         copied: list[aiogpu.PinnedBuffer] = []
@@ -61,7 +63,7 @@ async def test_copy_to_host_waits_for_the_producer_and_returns_the_bytes(sim: Si
 
 async def test_copy_to_device_from_bytes_and_from_a_pinned_buffer(sim: SimulatedDriver) -> None:
     device = sim.device(0)
-    destination = SimulatedArray(bytes(32))
+    destination = SimulatedArray(sim, bytes(32))
     with aiogpu.PinnedPool(device) as pool, aiogpu.Stream(device) as stream:
         with anyio.fail_after(10):
             await aiogpu.copy_to_device(destination, b"\x07" * 32, after=stream, pool=pool)
@@ -85,7 +87,7 @@ async def test_a_copy_does_not_queue_behind_another_producers_unfinished_work(si
         results: dict[str, bytes] = {}
 
         async def copy(name: str, producer: aiogpu.Stream) -> None:
-            with await aiogpu.copy_to_host(SimulatedArray(name.encode() * 4), after=producer, pool=pool) as buffer:
+            with await aiogpu.copy_to_host(SimulatedArray(sim, name.encode() * 4), after=producer, pool=pool) as buffer:
                 results[name] = bytes(buffer.view())
 
         with anyio.fail_after(10):
@@ -103,7 +105,7 @@ async def test_memory_of_cancelled_copies_comes_back_only_when_every_copy_is_don
     """Two copies out of one buffer, after two producers (two side streams), both cancelled:
     the one cancelled last may finish first; the memory must wait for the other one too."""
     device = sim.device(0)
-    first, second = SimulatedArray(bytes(16)), SimulatedArray(bytes(16))
+    first, second = SimulatedArray(sim, bytes(16)), SimulatedArray(sim, bytes(16))
     with (
         aiogpu.PinnedPool(device) as pool,
         aiogpu.Stream(device) as slow,
@@ -170,7 +172,7 @@ async def test_buffers_are_reused_and_the_idle_bound_is_kept(sim: SimulatedDrive
 
 async def test_a_cancelled_copy_keeps_its_memory_until_the_gpu_is_done(sim: SimulatedDriver) -> None:
     device = sim.device(0)
-    source = SimulatedArray(bytes(range(16)))
+    source = SimulatedArray(sim, bytes(range(16)))
     with aiogpu.PinnedPool(device) as pool, aiogpu.Stream(device) as producer, Latch(device) as latch:
         latch.block(producer)
         with anyio.move_on_after(0.02) as scope:
@@ -193,27 +195,33 @@ async def test_bad_input_is_refused_clearly(sim: SimulatedDriver) -> None:
     with aiogpu.PinnedPool(device) as pool, aiogpu.Stream(device) as stream, aiogpu.Stream(other) as elsewhere:
         with pytest.raises(TypeError, match="expected a CUDA array"):
             await aiogpu.copy_to_host(b"not on the device", after=stream, pool=pool)
-        strided = SimulatedArray(bytes(64))
+        strided = SimulatedArray(sim, bytes(64))
         strided.__cuda_array_interface__["strides"] = (8,)
         strided.__cuda_array_interface__["shape"] = (8,)
         with pytest.raises(ValueError, match="not C-contiguous"):
             await aiogpu.copy_to_host(strided, after=stream, pool=pool)
         with pytest.raises(ValueError, match="the pool is for device 0, the stream for device 1"):
-            await aiogpu.copy_to_host(SimulatedArray(bytes(8)), after=elsewhere, pool=pool)
+            await aiogpu.copy_to_host(SimulatedArray(sim, bytes(8)), after=elsewhere, pool=pool)
         with pytest.raises(TypeError, match="after must be an aiogpu.Stream"):
-            await aiogpu.copy_to_host(SimulatedArray(bytes(8)), after=None, pool=pool)  # type: ignore[arg-type]
+            await aiogpu.copy_to_host(SimulatedArray(sim, bytes(8)), after=None, pool=pool)  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="the pool is for device 0, the stream for device 1"):
             pool.side_stream(elsewhere)
         with pytest.raises(ValueError, match="the source has 4 bytes, the destination 8"):
-            await aiogpu.copy_to_device(SimulatedArray(bytes(8)), b"1234", after=stream, pool=pool)
+            await aiogpu.copy_to_device(SimulatedArray(sim, bytes(8)), b"1234", after=stream, pool=pool)
         with pytest.raises(ValueError, match="read-only"):
-            await aiogpu.copy_to_device(SimulatedArray(bytes(8), readonly=True), bytes(8), after=stream, pool=pool)
+            await aiogpu.copy_to_device(SimulatedArray(sim, bytes(8), readonly=True), bytes(8), after=stream, pool=pool)
         with pytest.raises(TypeError, match="bytes-like or a PinnedBuffer"):
-            await aiogpu.copy_to_device(SimulatedArray(bytes(8)), 12345678, after=stream, pool=pool)
+            await aiogpu.copy_to_device(SimulatedArray(sim, bytes(8)), 12345678, after=stream, pool=pool)
         with pytest.raises(ValueError, match="nbytes must be positive"):
             pool.take(0)
-        with pytest.raises(TypeError, match="non-negative ints"):
+        with pytest.raises(ValueError, match="64-bit address, got -1"):
             await aiogpu.copy_to_host((-1, 8), after=stream, pool=pool)
+        with pytest.raises(ValueError, match="nbytes must be non-negative, got -1"):
+            await aiogpu.copy_to_host((0x1000, -1), after=stream, pool=pool)
+        with pytest.raises(TypeError, match="of ints; nbytes is 8.0"):
+            await aiogpu.copy_to_host((0x1000, 8.0), after=stream, pool=pool)
+        with pytest.raises(TypeError, match="of ints; device pointer is '0x1000'"):
+            await aiogpu.copy_to_host(("0x1000", 8), after=stream, pool=pool)
     with pytest.raises(aiogpu.ClosedResourceError):
         pool.take(8)
     with pytest.raises(ValueError, match="max_idle_bytes must be non-negative"):
@@ -222,7 +230,7 @@ async def test_bad_input_is_refused_clearly(sim: SimulatedDriver) -> None:
 
 async def test_failed_or_abandoned_copies_leak_no_memory(sim: SimulatedDriver) -> None:
     device = sim.device(0)
-    source = SimulatedArray(bytes(16))
+    source = SimulatedArray(sim, bytes(16))
     with aiogpu.PinnedPool(device) as pool:
         closed_stream = aiogpu.Stream(device)
         closed_stream.close()
@@ -233,7 +241,7 @@ async def test_failed_or_abandoned_copies_leak_no_memory(sim: SimulatedDriver) -
         released = pool.take(16)
         released.release()
         with pytest.raises(aiogpu.ClosedResourceError, match="given back"):
-            await aiogpu.copy_to_device(SimulatedArray(bytes(16)), released, after=device.default_stream, pool=pool)
+            await aiogpu.copy_to_device(SimulatedArray(sim, bytes(16)), released, after=device.default_stream, pool=pool)
     assert sim.statistics().live_host_buffers == 0
     # Closed while a copy is awaited, then the copy is cancelled: freed once the GPU is done.
     pool = aiogpu.PinnedPool(device)
@@ -257,3 +265,106 @@ async def test_failed_or_abandoned_copies_leak_no_memory(sim: SimulatedDriver) -
         for thread in freeing:  # frees it once the copy is over
             await anyio.to_thread.run_sync(thread.join, 10)
         assert sim.statistics().live_host_buffers == 0
+
+
+async def test_a_bad_device_pointer_is_a_cuda_error_as_on_a_gpu(sim: SimulatedDriver) -> None:
+    """The simulated device refuses memory it did not allocate (the copy would read or write
+    wherever the pointer points: a null pointer crashed the process), with the error a GPU gives."""
+    device = sim.device(0)
+    with aiogpu.PinnedPool(device) as pool, aiogpu.Stream(device) as stream, sim.allocate(16) as memory:
+        memory.view()[:] = bytes(range(16))
+        bad = [(0, 16), (memory.pointer + 8, 16), (memory.pointer - 1, 4), (memory.pointer + 16, 1)]
+        for source in bad:
+            with pytest.raises(aiogpu.CudaError, match="^cuMemcpyAsync: CUDA_ERROR_INVALID_VALUE: invalid argument") as raised:
+                await aiogpu.copy_to_host(source, after=stream, pool=pool)
+            assert raised.value.name == "CUDA_ERROR_INVALID_VALUE" and raised.value.func == "cuMemcpyAsync"
+            with pytest.raises(aiogpu.CudaError, match="CUDA_ERROR_INVALID_VALUE"):
+                await aiogpu.copy_to_device(source, bytes(source[1]), after=stream, pool=pool)
+        assert pool.idle_bytes == 4096  # every buffer taken for a refused copy came back
+        assert stream.is_idle and not sim.statistics().lifetime_violations
+        with await aiogpu.copy_to_host((memory.pointer + 8, 8), after=stream, pool=pool) as tail:
+            assert bytes(tail.view()) == bytes(range(8, 16))  # the context is fine: the error is not sticky
+        with pool.take(16) as pinned, await aiogpu.copy_to_host((pinned.pointer, 16), after=stream, pool=pool) as copied:
+            assert copied.nbytes == 16  # pinned host memory is the simulator's too
+    with aiogpu.PinnedPool(device) as pool, pytest.raises(aiogpu.CudaError, match="CUDA_ERROR_INVALID_VALUE"):
+        await aiogpu.copy_to_host(memory, after=device.default_stream, pool=pool)  # freed memory is refused too
+    assert sim.statistics().live_device_buffers == sim.statistics().live_host_buffers == 0
+
+
+def test_the_simulated_driver_checks_every_copy_and_free() -> None:
+    sim = SimulatedDriver()
+    device = sim.device(0)
+    with aiogpu.Stream(device) as stream, device._activated():
+        host = sim.host_alloc(64)
+        memory = sim.allocate(64)
+        for destination, source, nbytes in [(host, 0, 8), (0, host, 8), (host, memory.pointer, 65), (host + 60, host, 8)]:
+            with pytest.raises(aiogpu.CudaError, match="^cuMemcpyAsync: CUDA_ERROR_INVALID_VALUE"):
+                sim.memcpy_async(destination, source, nbytes, stream.handle)
+        with pytest.raises(aiogpu.CudaError, match="CUDA_ERROR_INVALID_VALUE"):
+            sim.memcpy_async(host, memory.pointer, -1, stream.handle)
+        memory.view()[:] = b"\x05" * 64
+        sim.memcpy_async(host, memory.pointer, 64, stream.handle)
+        stream.synchronize()
+        assert ctypes.string_at(host, 64) == b"\x05" * 64
+        with pytest.raises(aiogpu.CudaError, match="^cuMemFreeHost: CUDA_ERROR_INVALID_VALUE"):
+            sim.host_free(memory.pointer)  # device memory is not page-locked host memory
+        sim.host_free(host)
+        with pytest.raises(aiogpu.CudaError, match="CUDA_ERROR_INVALID_VALUE"):
+            sim.memcpy_async(memory.pointer, host, 8, stream.handle)  # freed
+        memory.free()
+        memory.free()  # idempotent
+        with pytest.raises(aiogpu.ClosedResourceError, match="freed"):
+            memory.view()
+    assert sim.statistics().live_host_buffers == sim.statistics().live_device_buffers == 0
+    assert sim.statistics().lifetime_violations == 1  # the device pointer handed to cuMemFreeHost
+
+
+def test_allocate_refuses_bad_input(sim: SimulatedDriver) -> None:
+    with pytest.raises(ValueError, match="nbytes must be at least 1, got 0"):
+        sim.allocate(0)
+    with pytest.raises(TypeError, match="nbytes must be an int"):
+        sim.allocate(8.0)  # type: ignore[arg-type]
+    with pytest.raises(aiogpu.CudaError, match="^cuMemAlloc: CUDA_ERROR_INVALID_DEVICE"):
+        sim.allocate(8, device=2)
+    with sim.allocate(8, device=1) as memory:
+        assert repr(memory) == f"<aiogpu.testing.SimulatedBuffer device=1 8 bytes at {memory.pointer:#x}>"
+        assert memory.__cuda_array_interface__["shape"] == (8,)
+    assert repr(memory).startswith("<aiogpu.testing.SimulatedBuffer device=1 freed at")
+    sim.allocate(8)  # dropped: freed when collected
+    gc.collect()
+    assert sim.statistics().live_device_buffers == 0
+
+
+def test_one_pinned_pool_serves_loops_in_several_threads_at_once(sim: SimulatedDriver) -> None:
+    """A PinnedPool holds nothing of a loop: an asyncio loop and a trio run, each in a thread of
+    its own, copy through one pool at once, and every byte and buffer comes back."""
+    device = sim.device(0)
+    started = threading.Barrier(2, timeout=10)
+    failures: list[BaseException] = []
+
+    def copies(backend: str, fill: int) -> None:
+        async def main() -> None:
+            source = SimulatedArray(sim, bytes([fill]) * 64)
+            with aiogpu.Stream(device) as stream, anyio.fail_after(10):
+                await anyio.to_thread.run_sync(started.wait)
+                for _ in range(50):
+                    await aiogpu.copy_to_device(source, bytes([fill]) * 64, after=stream, pool=pool)
+                    with await aiogpu.copy_to_host(source, after=stream, pool=pool) as copied:
+                        assert bytes(copied.view()) == bytes([fill]) * 64
+            source.memory.free()
+
+        try:
+            anyio.run(main, backend=backend)
+        except BaseException as exc:  # reported by the test's thread
+            failures.append(exc)
+
+    with aiogpu.PinnedPool(device, max_idle_bytes=4096) as pool:
+        threads = [threading.Thread(target=copies, args=args) for args in (("asyncio", 1), ("trio", 2))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert failures == []
+        assert pool.idle_bytes <= 4096
+        anyio.run(lambda: aiogpu.copy_to_device(SimulatedArray(sim, bytes(8)), bytes(8), after=device.default_stream, pool=pool))
+    assert sim.statistics().live_host_buffers == 0

@@ -252,6 +252,7 @@ async def test_auto_parks_unpredicted_waits_on_many_streams_on_one_waiter_thread
 
 
 @pytest.mark.anyio
+@pytest.mark.slow
 async def test_a_held_blocking_sync_wait_keeps_one_waiter_thread_while_other_waits_come_and_go(
     sim: SimulatedDriver,
 ) -> None:
@@ -554,6 +555,7 @@ async def test_a_sweep_that_woke_its_budget_of_tasks_lets_them_run_before_it_goe
 
 @pytest.mark.asyncio
 @pytest.mark.parametrize("strategy", ["auto", "poll", "thread"])
+@pytest.mark.slow
 async def test_a_sweep_wakes_the_tasks_it_found_done_oldest_wait_first(
     sim: SimulatedDriver, strategy: aiogpu.WaitStrategy
 ) -> None:
@@ -1124,6 +1126,7 @@ async def test_a_thread_wait_that_starts_watching_at_once_does_not_rouse_its_loo
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("mode", ["auto", "poll", "thread"])
+@pytest.mark.slow
 async def test_short_work_after_long_work_on_a_stream_is_not_woken_at_the_long_prediction(
     sim: SimulatedDriver, mode: aiogpu.WaitStrategy
 ) -> None:

@@ -11,12 +11,14 @@ from __future__ import annotations
 from ._instruments import Latch as Latch
 from ._instruments import launch_fault as launch_fault
 from ._instruments import launch_spin as launch_spin
+from ._simulated import SimulatedBuffer as SimulatedBuffer
 from ._simulated import SimulatedDriver as SimulatedDriver
 from ._simulated import SimulatedStatistics as SimulatedStatistics
 from ._simulated import SimulatedWork as SimulatedWork
 
 __all__ = (
     "Latch",
+    "SimulatedBuffer",
     "SimulatedDriver",
     "SimulatedStatistics",
     "SimulatedWork",

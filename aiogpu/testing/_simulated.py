@@ -26,15 +26,17 @@ so no background thread exists.
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import itertools
 import math
 import threading
 import time
+import weakref
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, final
 
 from .. import _driver
 from .._driver import (
@@ -46,10 +48,12 @@ from .._driver import (
     STREAM_NON_BLOCKING,
     cuda_error,
 )
+from .._errors import ClosedResourceError
 from .._loop import in_trio_run, running_asyncio_loop
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
+    from types import TracebackType
 
     from .._device import Device
     from .._stream import Stream
@@ -76,7 +80,7 @@ class _Gate:
 
 
 class _Op:
-    __slots__ = ("after", "copy", "done_at", "duration", "fault", "gate", "host_call", "seq")
+    __slots__ = ("after", "copy", "done_at", "duration", "fault", "gate", "host_call", "memory", "seq")
 
     def __init__(self, seq: int) -> None:
         self.seq = seq
@@ -86,6 +90,7 @@ class _Op:
         self.fault: int | None = None
         self.host_call: tuple[int, int] | None = None  # (C function, argument): a host function
         self.copy: tuple[int, int, int] | None = None  # (destination, source, bytes): a memcpy
+        self.memory: tuple[_Allocation, _Allocation] | None = None  # a memcpy's, kept alive until it ran
         self.done_at: float | None = None
 
 
@@ -123,6 +128,90 @@ class _Event:
         self.recorded_at = 0.0
 
 
+class _Allocation:
+    """Memory the simulated driver handed out: page-locked host memory or device memory.
+
+    Simulated device memory is host memory too; copies touch it through ``ctypes.memmove``,
+    so the driver refuses any range outside a live allocation (as a GPU does) rather than
+    let a bad pointer crash the process.
+    """
+
+    __slots__ = ("buffer", "end", "kind", "start")
+
+    def __init__(self, buffer: ctypes.Array[ctypes.c_char], kind: str) -> None:
+        self.buffer = buffer  # kept by pending copies too: memory is never reused under one
+        self.start = ctypes.addressof(buffer)
+        self.end = self.start + len(buffer)
+        self.kind = kind  # "host" (cuMemHostAlloc) or "device" (cuMemAlloc)
+
+
+@final
+class SimulatedBuffer:
+    """Simulated device memory from :meth:`SimulatedDriver.allocate`: a CUDA array of bytes.
+
+    Pass it wherever aiogpu takes a CUDA array (``copy_to_host``, ``copy_to_device``): it has
+    ``__cuda_array_interface__`` (a C-contiguous ``uint8`` array of :attr:`nbytes`). A test
+    reads and writes its contents with :meth:`view`, which a GPU would not allow.
+    ``with`` frees it, as does collecting it (as torch frees a tensor's memory); after
+    :meth:`free`, copies that name it fail with ``CudaError``.
+    """
+
+    __slots__ = ("__weakref__", "_allocation", "_device", "_finalizer", "_nbytes", "_pointer")
+
+    def __init__(self, driver: _SimulatedDriverCore, allocation: _Allocation, device: int) -> None:
+        self._allocation: _Allocation | None = allocation
+        self._pointer = allocation.start
+        self._nbytes = allocation.end - allocation.start
+        self._device = device
+        self._finalizer = weakref.finalize(self, driver._unregister, allocation.start, "cuMemFree")
+        self._finalizer.atexit = False  # nothing to give back to a process that exits
+
+    @property
+    def pointer(self) -> int:
+        """The simulated device address."""
+        return self._pointer
+
+    @property
+    def nbytes(self) -> int:
+        """The size in bytes."""
+        return self._nbytes
+
+    @property
+    def device(self) -> int:
+        """The ordinal of the device it belongs to."""
+        return self._device
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, object]:
+        return {"data": (self._pointer, False), "shape": (self._nbytes,), "typestr": "|u1", "strides": None, "version": 3}
+
+    def view(self) -> memoryview:
+        """The memory's bytes, writable, for a test to fill or check.
+
+        Raises:
+            ClosedResourceError: The memory was freed.
+        """
+        allocation = self._allocation
+        if allocation is None:
+            raise ClosedResourceError("the SimulatedBuffer was freed")
+        return memoryview(allocation.buffer).cast("B")
+
+    def free(self) -> None:
+        """Give the memory back (``cuMemFree``). Idempotent; copies still pending complete."""
+        self._allocation = None
+        self._finalizer()  # once: later calls do nothing
+
+    def __enter__(self) -> SimulatedBuffer:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.free()
+
+    def __repr__(self) -> str:
+        state = "freed" if self._allocation is None else f"{self._nbytes} bytes"
+        return f"<aiogpu.testing.SimulatedBuffer device={self._device} {state} at {self._pointer:#x}>"
+
+
 @dataclass(frozen=True)
 class SimulatedStatistics:
     """Counts kept by a :class:`SimulatedDriver`, for assertions about leaks and waits.
@@ -132,6 +221,7 @@ class SimulatedStatistics:
         live_streams: Stream handles created and not destroyed (default streams excluded).
         live_latches: Latches created and not destroyed.
         live_host_buffers: Page-locked host buffers allocated and not freed.
+        live_device_buffers: Device memory from :meth:`SimulatedDriver.allocate` not freed.
         lifetime_violations: Handles destroyed twice, or destroyed while a thread was
             synchronizing on them (undefined behaviour on a real GPU; aiogpu must never do it).
         spin_synchronizations: Synchronize calls that had to wait and spun (an event without the
@@ -143,6 +233,7 @@ class SimulatedStatistics:
     live_streams: int
     live_latches: int
     live_host_buffers: int
+    live_device_buffers: int
     lifetime_violations: int
     spin_synchronizations: int
     blocking_synchronizations: int
@@ -185,39 +276,23 @@ class SimulatedWork:
                 self._driver._changed.notify_all()
 
 
-class SimulatedDriver:
-    """A pure-Python CUDA driver with CUDA's semantics, for testing without a GPU.
+class _SimulatedDriverCore:
+    """The ``Driver`` interface aiogpu's layers call, and the machine behind it.
 
-    Use ``sim.device(n)`` for an :class:`aiogpu.Device` on it, or ``with sim.installed():``
-    to make plain ``aiogpu.Device(n)`` use it (to test code that creates its own devices).
-    Drive the simulated GPU with :meth:`launch`: work that completes after ``seconds`` or,
-    held, when the test calls :meth:`SimulatedWork.release`; or work that faults.
-
-    Args:
-        devices: Number of simulated devices.
-        priority_range: ``(lowest, highest)`` stream priorities, as
-            ``cuCtxGetStreamPriorityRange`` reports them.
-        forbid_blocking_on_event_loop: Raise ``RuntimeError`` instead of blocking when a
-            synchronize call would block a thread that is running an event loop (a bug detector
-            for code that must never block its loop).
-        record_latency: Seconds of simulated work enqueued before every event record, so code
-            that never calls :meth:`launch` (a service under test) still sees GPU work take time.
+    Its public methods are the driver calls (``event_record``, ``memcpy_async``...), named as in
+    ``aiogpu._driver.Driver``; tests drive the simulated GPU through :class:`SimulatedDriver`'s
+    own methods instead. Every method takes the one lock (``_changed``) around the state it
+    touches, so the driver may be called from any thread.
     """
 
     name = "simulated"
 
     def __init__(
-        self,
-        devices: int = 1,
-        *,
-        priority_range: tuple[int, int] = (0, -5),
-        forbid_blocking_on_event_loop: bool = False,
-        record_latency: float = 0.0,
+        self, devices: int, priority_range: tuple[int, int], forbid_blocking_on_event_loop: bool, record_latency: float
     ) -> None:
-        if isinstance(devices, bool) or not isinstance(devices, int) or devices < 0:
-            raise ValueError(f"devices must be a non-negative int, got {devices!r}")
-        self._record_latency = _check_seconds("record_latency", record_latency)
+        self._record_latency = record_latency
         self._faults_to_inject: list[int] = []  # CUresults for the next records' work
+        self._record_gate: _Gate | None = None  # holds the work of every record while set
         self._changed = threading.Condition(threading.RLock())
         self._next_handle = itertools.count(0x7000_0000, 0x10).__next__
         self._contexts = [_Context(self._next_handle(), ordinal) for ordinal in range(devices)]
@@ -225,7 +300,10 @@ class SimulatedDriver:
         self._streams: dict[int, _Stream] = {}
         self._events: dict[int, _Event] = {}
         self._latches: dict[int, _Gate] = {}
-        self._host_buffers: dict[int, ctypes.Array[ctypes.c_char]] = {}  # "pinned" host memory
+        # Memory a copy may touch: page-locked host buffers (``host_alloc``) and simulated device
+        # memory (``SimulatedDriver.allocate``), by start address; ``_memory_starts`` sorted.
+        self._memory: dict[int, _Allocation] = {}
+        self._memory_starts: list[int] = []
         self._busy: set[_Stream] = set()  # streams with pending ops, handles destroyed or not
         self._priority_range = priority_range
         self._forbid_blocking = forbid_blocking_on_event_loop
@@ -236,82 +314,6 @@ class SimulatedDriver:
         self._violations = 0
         self._current = threading.local()
         _driver.refuse_after_fork(self)  # CUDA cannot be used in a forked child: neither can this
-
-    # -- test controls --------------------------------------------------------------------
-    def device(self, ordinal: int = 0) -> Device:
-        """The :class:`aiogpu.Device` with ``ordinal`` on this simulated driver."""
-        from .._device import Device
-
-        return Device(ordinal, driver=self)
-
-    @contextmanager
-    def installed(self) -> Iterator[SimulatedDriver]:
-        """Make ``aiogpu.Device(n)`` (and ``Stream.adopt``) use this driver inside the block."""
-        previous = _driver.swap_default_driver(self)
-        try:
-            yield self
-        finally:
-            _driver.swap_default_driver(previous)
-
-    def fail_next_record(self, error: int | str = "CUDA_ERROR_ILLEGAL_ADDRESS") -> None:
-        """Make the work captured by the next event record, on any stream, fault with ``error``.
-
-        For code that never calls :meth:`launch` (a service under test): the fault is sticky,
-        as on a GPU, so the context stays unusable for the rest of the simulation.
-        """
-        code = _code(error)
-        with self._changed:
-            self._faults_to_inject.append(code)
-
-    def launch(self, stream: Stream, seconds: float | None = None, *, error: int | str | None = None) -> SimulatedWork:
-        """Enqueue simulated work on ``stream``.
-
-        Args:
-            stream: An aiogpu Stream of this driver.
-            seconds: Run time once the work reaches the head of its stream; ``None`` holds the
-                work until :meth:`SimulatedWork.release` or :meth:`SimulatedWork.fail`.
-            error: Make the work fault when it runs, with this ``CUresult`` (name or value).
-        """
-        if stream.device._driver is not self:
-            raise ValueError(f"{stream!r} does not belong to this SimulatedDriver")
-        if seconds is not None and (
-            isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds < math.inf
-        ):
-            raise ValueError(f"seconds must be a finite non-negative number or None, got {seconds!r}")
-        fault = None if error is None else _code(error)
-        with self._changed:
-            sim_stream = self._stream(stream.handle, "launch", self._contexts[stream.device.ordinal])
-            op = self._enqueue(sim_stream)
-            if fault is not None:
-                op.fault = fault
-                sim_stream.context.faults_pending += 1
-            elif seconds is None:
-                op.gate = _Gate()
-            else:
-                op.duration = float(seconds)
-            return SimulatedWork(self, sim_stream, op)
-
-    def wait_until_blocked(self, threads: int = 1, timeout: float = 10.0) -> bool:
-        """Block until at least ``threads`` threads wait in a synchronize call; False on timeout.
-
-        Lets a test release work only once a waiter thread is really parked in the driver. It
-        blocks, so call it from a thread (``await anyio.to_thread.run_sync(sim.wait_until_blocked)``).
-        """
-        with self._changed:
-            return self._changed.wait_for(lambda: self._blocked >= threads, timeout)
-
-    def statistics(self) -> SimulatedStatistics:
-        """Live handles and synchronize counts, for leak and behaviour assertions."""
-        with self._changed:
-            return SimulatedStatistics(
-                live_events=len(self._events),
-                live_streams=len(self._streams),
-                live_latches=len(self._latches),
-                live_host_buffers=len(self._host_buffers),
-                lifetime_violations=self._violations,
-                spin_synchronizations=self._spins,
-                blocking_synchronizations=self._sleeps,
-            )
 
     # -- Driver: devices and contexts -------------------------------------------------------
     def init(self) -> None:
@@ -422,24 +424,29 @@ class SimulatedDriver:
             self._current_context("cuMemHostAlloc")
             if nbytes <= 0:
                 raise cuda_error(_driver.result_code("CUDA_ERROR_INVALID_VALUE"), "cuMemHostAlloc")
-            try:
-                buffer = ctypes.create_string_buffer(nbytes)
-            except (MemoryError, OverflowError):
-                raise cuda_error(_driver.result_code("CUDA_ERROR_OUT_OF_MEMORY"), "cuMemHostAlloc") from None
-            self._host_buffers[ctypes.addressof(buffer)] = buffer
-            return ctypes.addressof(buffer)
+            return self._register(nbytes, "host", "cuMemHostAlloc").start
 
     def host_free(self, pointer: int) -> None:
         with self._changed:
-            if self._host_buffers.pop(pointer, None) is None:
+            allocation = self._memory.get(pointer)
+            if allocation is None or allocation.kind != "host":
                 self._violations += 1  # freed twice, or never allocated here
                 raise cuda_error(_driver.result_code("CUDA_ERROR_INVALID_VALUE"), "cuMemFreeHost")
+            self._unregister(pointer, "cuMemFreeHost")
 
     def memcpy_async(self, destination: int, source: int, nbytes: int, stream: int) -> None:
         with self._changed:
             sim_stream = self._stream(stream, "cuMemcpyAsync")
             self._check_context(sim_stream.context, "cuMemcpyAsync")
-            self._enqueue(sim_stream).copy = (destination, source, nbytes)
+            if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+                raise cuda_error(_driver.result_code("CUDA_ERROR_INVALID_VALUE"), "cuMemcpyAsync")
+            memory = (
+                self._allocation_of(destination, nbytes, "cuMemcpyAsync"),
+                self._allocation_of(source, nbytes, "cuMemcpyAsync"),
+            )
+            op = self._enqueue(sim_stream)
+            op.copy = (destination, source, nbytes)
+            op.memory = memory
             self._advance(sim_stream, time.monotonic())
 
     # -- Driver: events -----------------------------------------------------------------------
@@ -579,6 +586,8 @@ class SimulatedDriver:
             stream.context.faults_pending += 1
         if self._record_latency:
             self._enqueue(stream).duration = self._record_latency
+        if self._record_gate is not None:
+            self._enqueue(stream).gate = self._record_gate
 
     def _launch_stream(self, stream: int) -> _Op:
         context = self._current_context("cuLaunchKernel")
@@ -588,6 +597,38 @@ class SimulatedDriver:
         return self._enqueue(sim_stream)
 
     # -- the machine ---------------------------------------------------------------------------
+    def _register(self, nbytes: int, kind: str, func: str) -> _Allocation:
+        """Allocate ``nbytes`` of simulated memory and track it (lock held)."""
+        try:
+            allocation = _Allocation(ctypes.create_string_buffer(nbytes), kind)
+        except (MemoryError, OverflowError):
+            raise cuda_error(_driver.result_code("CUDA_ERROR_OUT_OF_MEMORY"), func) from None
+        self._memory[allocation.start] = allocation
+        bisect.insort(self._memory_starts, allocation.start)
+        return allocation
+
+    def _unregister(self, start: int, func: str) -> None:
+        with self._changed:
+            if self._memory.pop(start, None) is None:
+                raise cuda_error(_driver.result_code("CUDA_ERROR_INVALID_VALUE"), func)
+            del self._memory_starts[bisect.bisect_left(self._memory_starts, start)]
+
+    def _allocation_of(self, pointer: int, nbytes: int, func: str) -> _Allocation:
+        """The live allocation that holds ``[pointer, pointer + nbytes)`` (lock held); a pointer
+        outside every one gets ``CUDA_ERROR_INVALID_VALUE``, as from a GPU."""
+        if isinstance(pointer, int) and not isinstance(pointer, bool):
+            index = bisect.bisect_right(self._memory_starts, pointer) - 1
+            if index >= 0:
+                allocation = self._memory[self._memory_starts[index]]
+                if pointer + nbytes <= allocation.end and (nbytes or pointer < allocation.end):
+                    return allocation
+        raise cuda_error(
+            _driver.result_code("CUDA_ERROR_INVALID_VALUE"),
+            func,
+            f"invalid argument: {nbytes} bytes at {_address(pointer)} are not inside memory this simulated "
+            "driver allocated (SimulatedDriver.allocate, a PinnedPool's buffers)",
+        )
+
     def _device_context(self, ordinal: int, func: str) -> _Context:
         if not 0 <= ordinal < len(self._contexts):
             raise cuda_error(_driver.result_code("CUDA_ERROR_INVALID_DEVICE"), func)
@@ -720,6 +761,7 @@ class SimulatedDriver:
             if done_at is None:
                 return
             stream.ops.popleft()
+            op.memory = None  # an event may keep the op: not the memory
             op.done_at = done_at
             stream.completed = op.seq
             stream.last_done_at = stream.head_started = done_at
@@ -777,6 +819,196 @@ class SimulatedDriver:
         return min(max(0.0, min(deadlines)), threading.TIMEOUT_MAX) if deadlines else None
 
 
+class SimulatedDriver(_SimulatedDriverCore):
+    """A pure-Python CUDA driver with CUDA's semantics, for testing without a GPU.
+
+    Use ``sim.device(n)`` for an :class:`aiogpu.Device` on it, or ``with sim.installed():``
+    to make plain ``aiogpu.Device(n)`` use it (to test code that creates its own devices).
+    Drive the simulated GPU with :meth:`launch`: work that completes after ``seconds`` or,
+    held, when the test calls :meth:`SimulatedWork.release`; or work that faults. For code
+    that enqueues no simulated work itself (a service under test), :meth:`fail_next_record`,
+    :meth:`hold_recordings` and ``record_latency`` act on the work each event record captures.
+    :meth:`allocate` gives simulated device memory for copies; :meth:`statistics` counts live
+    handles and misuse.
+
+    The methods listed as inherited from ``_SimulatedDriverCore`` are the driver interface
+    aiogpu itself calls; tests do not need them.
+
+    Args:
+        devices: Number of simulated devices.
+        priority_range: ``(lowest, highest)`` stream priorities, as
+            ``cuCtxGetStreamPriorityRange`` reports them.
+        forbid_blocking_on_event_loop: Raise ``RuntimeError`` instead of blocking when a
+            synchronize call would block a thread that is running an event loop (a bug detector
+            for code that must never block its loop).
+        record_latency: Seconds of simulated work enqueued before every event record, so code
+            that never calls :meth:`launch` (a service under test) still sees GPU work take time.
+        hold_recordings: Start with :meth:`hold_recordings` in effect: the work captured by
+            every event record waits until :meth:`release_recordings`.
+
+    Raises:
+        ValueError: ``devices`` is not a non-negative int, or ``record_latency`` is not a
+            finite non-negative number (to hold work until the test says so, use
+            ``hold_recordings``).
+    """
+
+    def __init__(
+        self,
+        devices: int = 1,
+        *,
+        priority_range: tuple[int, int] = (0, -5),
+        forbid_blocking_on_event_loop: bool = False,
+        record_latency: float = 0.0,
+        hold_recordings: bool = False,
+    ) -> None:
+        if isinstance(devices, bool) or not isinstance(devices, int) or devices < 0:
+            raise ValueError(f"devices must be a non-negative int, got {devices!r}")
+        if not isinstance(hold_recordings, bool):
+            raise TypeError(f"hold_recordings must be a bool, got {hold_recordings!r}")
+        if record_latency == math.inf:
+            raise ValueError(
+                "record_latency must be a finite number of seconds, got inf: to hold recorded work "
+                "until the test releases it, pass hold_recordings=True (and call release_recordings())"
+            )
+        latency = _check_seconds("record_latency", record_latency)
+        super().__init__(devices, priority_range, forbid_blocking_on_event_loop, latency)
+        if hold_recordings:
+            self.hold_recordings()
+
+    def device(self, ordinal: int = 0) -> Device:
+        """The :class:`aiogpu.Device` with ``ordinal`` on this simulated driver."""
+        from .._device import Device
+
+        return Device(ordinal, driver=self)
+
+    @contextmanager
+    def installed(self) -> Iterator[SimulatedDriver]:
+        """Make ``aiogpu.Device(n)`` (and ``Stream.adopt``) use this driver inside the block."""
+        previous = _driver.swap_default_driver(self)
+        try:
+            yield self
+        finally:
+            _driver.swap_default_driver(previous)
+
+    # -- simulated work -------------------------------------------------------------------
+    def launch(self, stream: Stream, seconds: float | None = None, *, error: int | str | None = None) -> SimulatedWork:
+        """Enqueue simulated work on ``stream``.
+
+        Args:
+            stream: An aiogpu Stream of this driver.
+            seconds: Run time once the work reaches the head of its stream; ``None`` holds the
+                work until :meth:`SimulatedWork.release` or :meth:`SimulatedWork.fail`.
+            error: Make the work fault when it runs, with this ``CUresult`` (name or value).
+
+        Raises:
+            ValueError: ``stream`` is not of this driver, ``seconds`` is not a finite
+                non-negative number, or ``error`` names no ``CUresult``.
+        """
+        if stream.device._driver is not self:
+            raise ValueError(f"{stream!r} does not belong to this SimulatedDriver")
+        if seconds is not None and (
+            isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds < math.inf
+        ):
+            raise ValueError(f"seconds must be a finite non-negative number or None, got {seconds!r}")
+        fault = None if error is None else _code(error)
+        with self._changed:
+            sim_stream = self._stream(stream.handle, "launch", self._contexts[stream.device.ordinal])
+            op = self._enqueue(sim_stream)
+            if fault is not None:
+                op.fault = fault
+                sim_stream.context.faults_pending += 1
+            elif seconds is None:
+                op.gate = _Gate()
+            else:
+                op.duration = float(seconds)
+            return SimulatedWork(self, sim_stream, op)
+
+    def fail_next_record(self, error: int | str = "CUDA_ERROR_ILLEGAL_ADDRESS") -> None:
+        """Make the work captured by the next event record, on any stream, fault with ``error``.
+
+        For code that never calls :meth:`launch` (a service under test): the fault is sticky,
+        as on a GPU, so the context stays unusable for the rest of the simulation.
+        """
+        code = _code(error)
+        with self._changed:
+            self._faults_to_inject.append(code)
+
+    def hold_recordings(self) -> None:
+        """Hold the work captured by every event record from now on, until :meth:`release_recordings`.
+
+        For code that never calls :meth:`launch` (a service under test): each record, on any
+        stream, captures work that does not complete, so ``await`` on the event stays pending
+        and the code's timeout path runs, as when a GPU is stuck. Idempotent.
+        """
+        with self._changed:
+            if self._record_gate is None:
+                self._record_gate = _Gate()
+
+    def release_recordings(self) -> None:
+        """Let every recording held by :meth:`hold_recordings` complete, and hold no more.
+
+        Held work then completes in stream order, as released work does. Idempotent; the
+        pytest plugin's ``simulated_gpu`` fixture calls it after the test.
+        """
+        with self._changed:
+            gate, self._record_gate = self._record_gate, None
+            if gate is not None:
+                gate.released_at = time.monotonic()
+                self._advance_all()
+                self._changed.notify_all()
+
+    # -- simulated memory -----------------------------------------------------------------
+    def allocate(self, nbytes: int, *, device: int = 0) -> SimulatedBuffer:
+        """Simulated device memory of ``device`` (``cuMemAlloc``), for copies to and from the host.
+
+        Copies (``aiogpu.copy_to_host`` and ``copy_to_device``) on this driver accept only
+        memory it allocated: this, and the page-locked host memory of a ``PinnedPool``; any
+        other pointer gets ``CudaError`` (``CUDA_ERROR_INVALID_VALUE``), as a GPU does.
+
+        Args:
+            nbytes: The size in bytes (at least 1).
+            device: The device's ordinal.
+
+        Raises:
+            TypeError: ``nbytes`` or ``device`` is not an int.
+            ValueError: ``nbytes`` is below 1.
+            CudaError: ``device`` is not a device of this driver (``CUDA_ERROR_INVALID_DEVICE``).
+        """
+        for what, value in (("nbytes", nbytes), ("device", device)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{what} must be an int, got {value!r}")
+        if nbytes < 1:
+            raise ValueError(f"nbytes must be at least 1, got {nbytes}")
+        with self._changed:
+            self._device_context(device, "cuMemAlloc")
+            memory = self._register(nbytes, "device", "cuMemAlloc")
+            return SimulatedBuffer(self, memory, device)
+
+    def statistics(self) -> SimulatedStatistics:
+        """Live handles and synchronize counts, for leak and behaviour assertions."""
+        with self._changed:
+            kinds = [allocation.kind for allocation in self._memory.values()]
+            return SimulatedStatistics(
+                live_events=len(self._events),
+                live_streams=len(self._streams),
+                live_latches=len(self._latches),
+                live_host_buffers=kinds.count("host"),
+                live_device_buffers=kinds.count("device"),
+                lifetime_violations=self._violations,
+                spin_synchronizations=self._spins,
+                blocking_synchronizations=self._sleeps,
+            )
+
+    def wait_until_blocked(self, threads: int = 1, timeout: float = 10.0) -> bool:
+        """Block until at least ``threads`` threads wait in a synchronize call; False on timeout.
+
+        Lets a test release work only once a waiter thread is really parked in the driver. It
+        blocks, so call it from a thread (``await anyio.to_thread.run_sync(sim.wait_until_blocked)``).
+        """
+        with self._changed:
+            return self._changed.wait_for(lambda: self._blocked >= threads, timeout)
+
+
 _HOST_FUNCTION = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 
 
@@ -784,6 +1016,10 @@ def _check_seconds(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
         raise ValueError(f"{name} must be a finite non-negative number of seconds, got {value!r}")
     return float(value)
+
+
+def _address(pointer: object) -> str:
+    return f"{pointer:#x}" if isinstance(pointer, int) and not isinstance(pointer, bool) else repr(pointer)
 
 
 def _running_event_loop() -> bool:

@@ -15,7 +15,17 @@ Fixtures:
 
     Inject failures with ``simulated_gpu.fail_next_record()`` or
     ``simulated_gpu.launch(stream, error=...)``; hold work with ``simulated_gpu.launch(stream)``.
-    After the test it checks that no handle was destroyed twice or while in use.
+
+    To test a timeout path (a GPU that is stuck), hold the work of every event record until
+    the test releases it, whichever stream the code under test records on::
+
+        @pytest.mark.simulated_gpu(hold_recordings=True)
+        async def test_timeout(simulated_gpu):
+            ...  # every await on a recorded event stays pending
+            simulated_gpu.release_recordings()  # now they complete, and later ones are not held
+
+    (or call ``simulated_gpu.hold_recordings()`` during the test). After the test the fixture
+    releases what is still held, then checks that no handle was destroyed twice or while in use.
 ``simulated_device``
     ``aiogpu.Device(0)`` of that driver.
 """
@@ -38,7 +48,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         "simulated_gpu(**options): options for the simulated_gpu fixture's SimulatedDriver "
-        "(devices=, record_latency=, priority_range=, forbid_blocking_on_event_loop=)",
+        "(devices=, record_latency=, hold_recordings=, priority_range=, forbid_blocking_on_event_loop=)",
     )
 
 
@@ -51,7 +61,10 @@ def simulated_gpu(request: pytest.FixtureRequest) -> Iterator[SimulatedDriver]:
         raise TypeError("the simulated_gpu marker takes keyword arguments only, for example devices=2")
     driver = SimulatedDriver(**options)
     with driver.installed():
-        yield driver
+        try:
+            yield driver
+        finally:
+            driver.release_recordings()  # nothing the test left held keeps a thread or task waiting
     violations = driver.statistics().lifetime_violations
     assert violations == 0, f"{violations} CUDA handle(s) destroyed twice or while in use"
 

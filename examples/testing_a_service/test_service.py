@@ -60,3 +60,14 @@ async def test_concurrent_requests_all_complete(simulated_gpu: SimulatedDriver) 
                 tg.start_soon(request, name)
     assert sorted(answers) == [f"{name}: ok" for name in "cdefgh"]
     service.close()
+
+
+@pytest.mark.anyio
+@pytest.mark.simulated_gpu(hold_recordings=True)  # no recorded work completes until released
+async def test_a_request_times_out_when_the_gpu_is_stuck(simulated_gpu: SimulatedDriver) -> None:
+    service = Service(streams=1, timeout=0.05)
+    with anyio.fail_after(5):
+        assert await service.handle("i") == "i: timed out"
+        simulated_gpu.release_recordings()  # the GPU catches up: later requests complete
+        assert await service.handle("j") == "j: ok"
+    service.close()
