@@ -153,6 +153,7 @@ def wait_until_idle(url: str, seconds: float = 30.0) -> dict[str, float]:
     return now
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 @pytest.mark.timeout(150)
 async def test_the_server_streams_tokens_and_refuses_bad_input(server_url: str) -> None:
@@ -166,6 +167,7 @@ async def test_the_server_streams_tokens_and_refuses_bad_input(server_url: str) 
     assert wait_until_idle(server_url)["tokens"] >= 10
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 @pytest.mark.timeout(150)
 async def test_a_client_that_disconnects_frees_its_slot(server_url: str) -> None:
@@ -184,6 +186,7 @@ async def test_a_client_that_disconnects_frees_its_slot(server_url: str) -> None
     assert after["tokens"] - before < 4096  # decoding stopped long before max_tokens
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 @pytest.mark.timeout(150)
 async def test_health_answers_while_every_slot_streams(server_url: str) -> None:

@@ -97,6 +97,7 @@ async def test_health_fails_while_a_gpu_wait_is_stuck(monkeypatch: pytest.Monkey
     model.streams.close()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("lend", ["pool", "queue"])
 def test_the_per_request_server_predicts_with_either_way_of_lending_streams(lend: str) -> None:
