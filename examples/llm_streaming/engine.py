@@ -98,7 +98,7 @@ class Engine:
         else:
             self._model = _Llama(device, self.shape)
             self.where = f"GPU {device.ordinal}: {device.name}"
-        self.stream = aiogpu.Stream(device)
+        self.stream = self._model.stream
         self._done = aiogpu.Event(device)  # re-recorded each step: one step is in flight at a time
         self._owners: list[Request | None] = [None] * self.shape.slots
         self._waiting: deque[Request] = deque()
@@ -181,7 +181,7 @@ class Engine:
         self._check_idle()
 
     def _launch(self) -> _Step:
-        read_tokens = self._model.launch(self.stream, [owner is not None for owner in self._owners])
+        read_tokens = self._model.launch([owner is not None for owner in self._owners])
         self.stream.record(self._done)
         self.steps += 1
         return _Step(self._done, list(self._owners), read_tokens)
@@ -228,8 +228,11 @@ def window_of(prompt: list[int], window: int) -> list[int]:
 
 
 class _Model:
-    """A step's work: ``admit`` a prompt into a slot, ``advance`` slots' contexts by the tokens
-    they decoded, ``launch`` a step on a stream (returning how to read its tokens once it is done)."""
+    """A step's work on its ``stream``: ``admit`` a prompt into a slot, ``advance`` slots'
+    contexts by the tokens they decoded, ``launch`` a step (returning how to read its tokens
+    once it is done)."""
+
+    stream: aiogpu.Stream
 
     def admit(self, slot: int, prompt: list[int]) -> None:
         raise NotImplementedError
@@ -237,7 +240,7 @@ class _Model:
     def advance(self, slots: list[int], tokens: list[int]) -> None:
         raise NotImplementedError
 
-    def launch(self, stream: aiogpu.Stream, active: list[bool]) -> Callable[[], list[int]]:
+    def launch(self, active: list[bool]) -> Callable[[], list[int]]:
         raise NotImplementedError
 
 
@@ -246,6 +249,7 @@ class _StandIn(_Model):
 
     def __init__(self, device: aiogpu.Device, shape: ModelShape) -> None:
         self._simulator = device._driver  # the SimulatedDriver that made the device
+        self.stream = aiogpu.Stream(device)
         self._window = shape.window
         self._contexts = [[PAD] * shape.window for _ in range(shape.slots)]
 
@@ -258,8 +262,8 @@ class _StandIn(_Model):
             del context[0]
             context.append(token)
 
-    def launch(self, stream: aiogpu.Stream, active: list[bool]) -> Callable[[], list[int]]:
-        self._simulator.launch(stream, seconds=SIMULATED_STEP_SECONDS)  # type: ignore[attr-defined]
+    def launch(self, active: list[bool]) -> Callable[[], list[int]]:
+        self._simulator.launch(self.stream, seconds=SIMULATED_STEP_SECONDS)  # type: ignore[attr-defined]
         tokens = [next_token(context) if on else PAD for context, on in zip(self._contexts, active, strict=True)]
         return lambda: tokens
 
@@ -322,7 +326,11 @@ class _Llama(_Model):
         with torch.cuda.device(cuda), torch.cuda.graph(self._graph):
             self._next = step()
         torch.cuda.synchronize(cuda)
-        self._device = device
+        # torch's own stream, adopted: torch frees its pinned buffers only after the work that
+        # used them, recording events on that stream, so the stream must outlive them. An
+        # adopted stream stays torch's (closing the engine does not destroy it).
+        self._torch_stream = torch.cuda.Stream(cuda)
+        self.stream = aiogpu.Stream.adopt(self._torch_stream)
 
     def admit(self, slot: int, prompt: list[int]) -> None:
         self._host[slot] = self._torch.tensor(window_of(prompt, self._window))
@@ -332,10 +340,10 @@ class _Llama(_Model):
         self._host[rows, :-1] = self._host[rows, 1:]
         self._host[rows, -1] = self._torch.tensor(tokens, dtype=self._torch.int64)
 
-    def launch(self, stream: aiogpu.Stream, active: list[bool]) -> Callable[[], list[int]]:
+    def launch(self, active: list[bool]) -> Callable[[], list[int]]:
         torch = self._torch
         self._staging.copy_(self._host)
-        with torch.cuda.stream(torch.cuda.ExternalStream(stream.handle, device=self._device.ordinal)):
+        with torch.cuda.stream(self._torch_stream):
             self._ids.copy_(self._staging, non_blocking=True)
             self._graph.replay()
             self._tokens.copy_(self._next, non_blocking=True)
