@@ -270,6 +270,7 @@ def summarize(result: dict[str, object], reference: str) -> str:
 
 def plot(result: dict[str, object], path: Path) -> None:
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -289,8 +290,9 @@ def plot(result: dict[str, object], path: Path) -> None:
             )
             axis.set_xlabel("offered requests/s (Poisson)")
             axis.set_ylabel(label)
-    axes[1].set_yscale("log")
-    axes[2].set_yscale("log")
+    axes[1].set_yscale("log")  # past capacity the time to first token grows by orders of magnitude
+    axes[1].yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    axes[2].set_ylim(bottom=0)
     axes[0].legend()
     figure.suptitle(f"Token streaming on {result['served_by']}")
     figure.tight_layout()
