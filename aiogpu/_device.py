@@ -179,7 +179,8 @@ class Device:
 
 class _Activation:
     """``Device._activated()``'s block. A class, not a ``contextmanager`` generator: it runs for
-    every event created, and the generator's machinery cost about 1.8 µs more on an H200 host."""
+    every event created, and a generator's machinery would add to the cost of each
+    (``benchmarks/host_costs.py`` measures event creation)."""
 
     __slots__ = ("_device", "_pushed")
 

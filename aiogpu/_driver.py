@@ -170,7 +170,7 @@ def fail_every_call_after_fork(driver: object) -> None:
 
     CUDA cannot be used in a child of a parent that used it, and calling it there may not even
     fail: a driver lock held by one of the parent's threads at the fork (a waiter thread parked
-    in ``cuEventSynchronize``) is held forever in the child, so the call hangs (seen on an H200).
+    in ``cuEventSynchronize``) is held forever in the child, so the call can hang.
     """
     for cls in type(driver).__mro__[:-1]:  # a subclass inherits calls too (object has none)
         for name, member in vars(cls).items():

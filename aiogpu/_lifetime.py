@@ -53,7 +53,7 @@ def _register_exit_hook() -> None:
 
 def _finalize_handle(lifetime: HandleLifetime, destroy: Callable[[int], None], handle: int) -> None:
     # At exit a daemon waiter thread may still be blocked in the driver on the handle: destroying
-    # it under that thread crashed the process (CHANGELOG). Outside exit a handle still counted in
+    # it under that thread can crash the process. Outside exit a handle still counted in
     # use belongs to a wait collected in a cycle with its event, or to a fork child's copy of the
     # parent's threads' waits: no thread is in the driver on it, so it is destroyed.
     if _exiting and not lifetime._close_at_exit():

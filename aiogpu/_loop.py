@@ -146,8 +146,8 @@ class AsyncioBackend:
             signal = waiters.signal
             try:
                 # The first signal, then any more: written out twice, not a loop over a tuple
-                # of the first, because every lone wait's wake-up passes here (the tuple and its
-                # loop cost it ~35 ns).
+                # of the first, because every lone wait's wake-up passes here (a tuple and a loop
+                # over it would add to that path).
                 if type(signal) is _AsyncioPark:
                     set_result(signal, None)
                     if batch is None:

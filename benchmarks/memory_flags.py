@@ -11,9 +11,10 @@ measures, in one process and run:
 2. what each piece costs on the host: a recording, a flag write, a query, a memory read;
 3. whether the flag and the event agree (a flag seen while the event still reads pending would
    make ``await event`` return before ``event.is_done``);
-4. why a baseline run that used flags hung: how many operations can be enqueued behind a stream
-   held by a latch before the enqueueing call itself blocks, for event recordings and for flag
-   writes (each in a child process, with a watchdog that opens the latch after 5 s).
+4. how many operations can be enqueued behind a stream held by a latch before the enqueueing
+   call itself blocks (past it, a run that enqueues before releasing hangs), for event
+   recordings and for flag writes (each in a child process, with a watchdog that opens the
+   latch after 5 s).
 
 Writes ``memory_flags.json`` to ``--out`` and prints a line per measurement.
 

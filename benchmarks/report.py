@@ -121,7 +121,7 @@ def chart(result: dict[str, Any], path: Path) -> Path | None:
             )
         axis.set_xscale("log")
         # CPU spans one or two decades per workload: label 1, 2 and 5 of each in plain numbers
-        # (matplotlib's own minor labels, 2x10^2 3x10^2 4x10^2..., ran into each other).
+        # (matplotlib's own minor labels, 2x10^2 3x10^2 4x10^2..., run into each other).
         axis.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
         axis.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
         axis.xaxis.set_minor_formatter(NullFormatter())

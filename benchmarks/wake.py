@@ -4,7 +4,7 @@ For GPU work of about 20 µs, 200 µs and 5 ms (a kernel that spins for that lon
 for each way of waiting:
 
 - wake latency: p50 and p99 of the time from the launch call's return to the wake-up (the
-  launch call itself varies by tens of µs from call to call on an H200 and is the same for
+  launch call itself varies by tens of µs from call to call and is the same for
   every waiter), and the overhead over the floor (a busy ``cuEventSynchronize`` on the loop,
   measured in the same run);
 - host CPU per wait (process CPU time over the case divided by waits), also as a fraction of
@@ -14,9 +14,8 @@ for each way of waiting:
   servers do): how late the loop reads input that another process writes to a pipe at 1 kHz (as
   requests arrive on a socket), and how late a 1 kHz ``asyncio.sleep`` ticker wakes. Not at
   once: asyncio rounds a sleep's timeout up to whole milliseconds, so each read of the input,
-  arriving at its own moments, left the loop to sleep up to a millisecond past the ticker's
-  next tick (at 5 ms of work on an H200, 2026-11-25, the ticker's p99 was 1.01-1.22 ms beside
-  the input under every aiogpu strategy, and 0.30-0.38 ms alone, ``poll``'s 0.84 ms);
+  arriving at its own moments, leaves the loop to sleep up to a millisecond past the ticker's
+  next tick, and the ticker would measure the input's effect rather than the strategy's;
   and the input probe on a loop that runs nothing else: the lag the machine alone causes (a
   loop asleep in ``epoll_wait`` woken late by the OS), the reference for every other case's lag;
 
@@ -76,12 +75,11 @@ WORKLOADS = (20e-6, 200e-6, 5e-3)
 FANOUT_WAITERS = (1_000, 10_000)
 FANOUT_STREAMS = (1, 8, 64)
 # Too many operations queued behind a held stream make the launch call itself block the host
-# until the latch opens (which it never would): seen on an H200 with ~20,000 operations over 64
-# streams, fine with 6,400; an H100 blocked after about 2,000 kernels and records on one stream
-# and 16,200 over 8 or 64 (docs/guide.rst, "Why not memory flags"). At most 400 kernels per
-# stream and 3,000 in all, each followed by one event (waiters share events), and where every
-# waiter has an event of its own at most 1,000 operations per stream (13,000 in all for 10,000
-# waiters on 64 streams).
+# until the latch opens (which it never would): the driver's queues are finite, and how many
+# operations fit depends on the device and driver, a few thousand on one stream and more over
+# several. The limits below stay well inside that: at most 400 kernels per stream and 3,000 in
+# all, each followed by one event (waiters share events), and where every waiter has an event of
+# its own at most 1,000 operations per stream (13,000 in all for 10,000 waiters on 64 streams).
 EVENTS_PER_STREAM_MAX = 400
 EVENTS_MAX = 3_000
 OPERATIONS_PER_STREAM_MAX = 1_000
@@ -90,11 +88,12 @@ OPERATIONS_PER_STREAM_MAX = 1_000
 FANOUT_OWN_EVENTS = ((10_000, 64),)
 FANOUT_KERNEL = 20e-6
 #: Each fan-out case runs this many times, the waiters interleaved; the tables give medians (a
-#: single 10,000-task case varies by ±30 % from run to run on a VM, and on the H200 hosts of
-#: 2026-11-25 the same engine took 11 ms in one round and 27 ms in the next) and the best run:
-#: what the way of waiting costs when the host does not get in the way.
+#: single 10,000-task case varies widely from run to run on a VM, where the host's pace changes
+#: between one run and the next) and the best run: what the way of waiting costs when the host
+#: does not get in the way.
 FANOUT_REPEATS = 7
-#: The host probe's loop: about 0.8 ms of pure Python on an H200 host at full speed.
+#: The host probe's loop: about a millisecond of pure Python on a server CPU at full speed, long
+#: enough to time reliably and short beside a fan-out.
 HOST_PROBE_STEPS = 20_000
 #: Each responsiveness probe runs at least this long per case, spread over the rounds (p99 of
 #: ~500 ticks, not ~5).
@@ -148,13 +147,10 @@ def host_probe() -> float:
     loop's own code at this moment.
 
     A fan-out's wall is CPU-bound on the loop and the GPU floor's is not, so a host that runs
-    Python slower for a while pushes every fan-out ratio up. The lent H200 machine (driver
-    580.159.04, 2026-11-26) ran this in 0.76-0.81 ms at some moments and 1.33-1.60 ms at others,
-    with at most one 10 ms tick of steal time over its 16 CPUs and under 0.1 ms of run-queue
-    delay during a fan-out. Of 30 fan-outs of 10,000 waits with an event each on 64 streams right
-    after it (asyncio; ``auto`` and plain futures woken stream by stream), 24 took 13.9-16.0 ms
-    after a quick probe or 21-28 ms after a slow one; the host changed pace between the probe
-    and the run in the other six.
+    Python slower for a while pushes every fan-out ratio up. A VM can run Python markedly
+    slower at some moments than at others with no steal time or run-queue delay to show for
+    it, and a fan-out right after a slow probe is usually slow too: the probe is recorded beside
+    each run so that a ratio can be read against the host's pace, not the way of waiting's.
     """
     best = math.inf
     for _ in range(3):
@@ -439,8 +435,8 @@ async def fanout_case(
                 wall = time.perf_counter() - started
                 cpu = time.process_time() - cpu
                 # The clock stops when the last waiter woke. Freeing the finished tasks all at
-                # once is the harness's (2-4 ms for 10,000 on the H200 hosts of 2026-11-25; a
-                # server frees each as it ends): timed apart.
+                # once is the harness's cost, not the way of waiting's (a server frees each as it
+                # ends): timed apart.
                 freeing = time.perf_counter()
                 del wait_all, tasks
                 freeing = time.perf_counter() - freeing

@@ -63,8 +63,8 @@ SCRIPT = textwrap.dedent(
 @pytest.mark.parametrize("kind", ["simulated", pytest.param("gpu", marks=pytest.mark.gpu)])
 def test_exit_with_open_objects_and_pending_waits(kind: str, work: str) -> None:
     pytest.importorskip("trio")
-    # Released: the waiter thread wakes from cuEventSynchronize during exit. When exit destroyed
-    # that event under it, most such exits segfaulted on an H200 (CHANGELOG): so a few exits.
+    # Released: the waiter thread wakes from cuEventSynchronize during exit. Exit must not destroy
+    # that event under it (that can segfault, not every time): so a few exits.
     for _ in range(5 if (kind, work) == ("gpu", "released") else 1):
         result = subprocess.run(
             [sys.executable, "-X", "dev", "-c", SCRIPT, kind, work], capture_output=True, text=True, timeout=60, check=False

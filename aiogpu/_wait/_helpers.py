@@ -5,12 +5,13 @@ the event was recorded, and hold up that stream's later work. So each armed wait
 non-blocking helper stream that waits for the event (``cuStreamWaitEvent``) and then runs the
 host function: it rings as soon as the event's work is done. It still delays other work: CUDA
 documents that device work added to any stream does not become active until the host functions
-enqueued before it have run, and on an H100 (driver 580, 8 hardware queues) one pending host
-function held up later work on the legacy default stream and on blocking streams, seven held up
-every stream, until the awaited work finished. The user guide says so where it lists strategies.
+enqueued before it have run: one pending host function can hold up later work on the legacy
+default stream and on blocking streams, and a few can hold up every stream, until the awaited
+work finishes. The user guide says so where it lists
+strategies.
 
 Arming runs on its own thread, never on the loop: creating a stream can block inside the driver
-while other streams are held (seen on an H200 with 32+ streams waiting on host memory), and a
+while other streams are held (dozens of streams waiting on host memory, for example), and a
 loop blocked there could never release them. Helper streams are reused once idle; when a wait
 is armed, idle ones beyond ``KEEP_IDLE_HELPERS`` per device (left by a burst of waits) are destroyed.
 """

@@ -4,13 +4,13 @@ completes.
 The first loop that waits for an event becomes its home (``HandleLifetime.claim_home``): it
 holds one use of the handle for all of its waits, which count themselves on the event itself
 (``_home_uses``) with no lock, since only the home loop's thread ever touches that count. A
-wait of any other loop holds a use of the handle's lifetime of its own, as every wait once did.
+wait of any other loop holds a use of the handle's lifetime of its own.
 
 Completing a home wait then touches only the event, which the sweep has at hand anyway. A use
 of the lifetime is two objects more (the lifetime and its list of uses), each cold by the time
-the work completes: with every wait holding one, the sweeps of a 10,000 x 64 fan-out of waits on
-events of their own took 1.3-1.5 times as long on the simulated device, and the fan-outs on an
-H200 1.04-1.07 times (12 interleaved rounds; the CHANGELOG has the figures).
+the work completes: a use per wait would cost two cache misses per completed wait, which a
+fan-out of thousands of waits on events of their own pays in its sweeps
+(``benchmarks/wake.py``'s fan-outs time this path).
 
 Closing hands the home's use back once the home's waits are over, decided on the home loop's
 thread (``closed``): at once when ``close()`` runs there, else on the loop's next iteration; if

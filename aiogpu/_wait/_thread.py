@@ -17,10 +17,9 @@ Invariants:
   ``POLL_MAX`` in between (about 1,000 queries a second at most), so it never spins in the
   driver.
 - A job enqueues nothing on the GPU. A helper stream that waits for the event and then records
-  a blocking-sync event would do the same with no polling, but on an H100 (driver 580, 8
-  hardware queues) two such pending helpers stalled the work that other code later put on
-  the legacy default stream and on blocking streams, and seven stalled every stream, until
-  the awaited work finished.
+  a blocking-sync event would do the same with no polling, but pending helpers hold up other
+  work: two of them can stall the work that other code later puts on the legacy default stream
+  and on blocking streams, and a few more every stream, until the awaited work finishes.
 - A thread never runs user code, never raises into a loop and never blocks a loop: it records
   when and how it saw the completion on each subscriber and calls its ``notify`` (which only
   schedules a wake-up on a loop).
@@ -346,10 +345,9 @@ class _Pool:
     def _rouse(self, job: _Job) -> None:
         """Wake the job's loops as the close watch starts, before the completion: each looks,
         finds the work pending and sleeps again, briefly, so the wake-up that counts comes
-        quicker. A loop thread asleep for long wakes slowly (an H100 host: +50 µs after 200 µs
-        asleep, +100-190 µs after 1-5 ms). Measured there, 2026-11-23, interleaved in one
-        process: 1 ms work p50 +103-113 → +69-80 µs (asyncio), +77-92 → +52-62 µs (uvloop);
-        200 µs work p50 unchanged and p99 lower in each of four runs; +5-10 % CPU per wait."""
+        quicker. A loop thread asleep for long wakes slowly, more slowly the longer it slept;
+        one just woken and asleep again briefly wakes fast. It costs a few per cent more CPU
+        per wait for a lower median wake-up (``benchmarks/wake.py`` measures both)."""
         with self._lock:
             subscribers = list(job.subscribers)
         _notify(subscribers)

@@ -73,7 +73,7 @@ WATCH_AFTER_PROGRESS = {"auto": 100e-6, "poll": 100e-6, "thread": 0.0, "callback
 #: the timer thread's ~50-100 µs, the loop timers' ~1 ms).
 LEAD = {"auto": 250e-6, "poll": 1.5e-3, "thread": 150e-6, "callback": 0.0}
 #: ``auto`` also learns how late its precise wake-ups arrive (timer thread, then the loop
-#: thread waking from idle: 100-500 µs on an H200 host after a few ms asleep) and starts
+#: thread waking from idle: hundreds of µs after a few ms asleep) and starts
 #: watching that much earlier: the largest of the last ``LATENESS_WINDOW`` wake-ups, but never
 #: more than ``LATENESS_SHARE`` of the predicted duration (the CPU that costs).
 LATENESS_WINDOW = 32
@@ -86,22 +86,21 @@ COLD_POLL = {"auto": (1e-3, 10e-3), "poll": (0.25e-3, 2e-3), "thread": (1e-3, 10
 #: Each back-off interval is stretched or shrunk at random by up to this share, so that a wait
 #: left pending does not wake the loop in lockstep with another periodic timer. Without it,
 #: anyio's ``wait_all_tasks_blocked`` (which looks every 100 ms, the loop waking on whole
-#: milliseconds) kept finding the watcher just woken, ten polls later, for seconds on end.
+#: milliseconds) can find the watcher just woken, poll after poll, for seconds on end.
 COLD_POLL_JITTER = 0.2
 #: A back-off query before a predicted completion is made only this long before the close watch
 #: at the latest: the loop's timers fire late (asyncio rounds a timeout up to whole ms), and one
-#: that fires past the watch's start delays the wake-up (5 ms work: p99 +464 µs on an H200).
+#: that fires past the watch's start delays the wake-up by as much (``benchmarks/wake.py``'s p99).
 EARLY_POLL_SLACK = 2e-3
 
 
 #: ``auto`` parks the unpredicted heads of at most this many streams on its one waiter thread;
 #: the others are queried on the back-off schedule (the thread's wake-up makes the loop sweep
-#: them all). A round of queries costs ~1-3 µs a stream, up to a round a millisecond while the
-#: work stays pending. One thread, not one per stream: work released on many streams at once
-#: completed on several at once, and as many threads, each seeing its own completion, fought
-#: the waking loop for the GIL. A fan-out of 10,000 waits on 64 streams (H200, 2026-11-25,
-#: uvloop, 10 interleaved rounds) woke its first task 1.05 ms after the release with up to
-#: eight threads, 0.65 ms with this one.
+#: them all). A round of queries costs a few µs a stream, up to a round a millisecond while the
+#: work stays pending: the cap bounds that thread's CPU. One thread, not one per stream: work
+#: released on many streams at once completes on several at once, and as many threads, each
+#: seeing its own completion, fight the waking loop for the GIL and delay the first wake-up
+#: (``benchmarks/wake.py``'s fan-outs time this path).
 AUTO_WATCH_MAX = 16
 #: Queues of streams with nothing pending kept for their next wait (a stream's queue holds its
 #: predictor and when its last work finished).
@@ -123,21 +122,18 @@ SPIN_AHEAD = 50e-6
 #: A precise park (``auto``) longer than ``WARM_SPAN + WARM_BEAT`` wakes the loop ``WARM_SPAN``
 #: before its time and then every ``WARM_BEAT`` until it (each beat a sweep and a plan): on a VM, a thread
 #: asleep for milliseconds can wake milliseconds late, one asleep for a few hundred µs seldom
-#: does. On an H100 host (2026-11-23), parked ~4 ms for 5 ms of work, the timer thread fired
-#: up to 3.7 ms late and the loop woke up to 3 ms after a timely poke, 3-8 % of the time.
-#: Interleaved in one process there, 5 ms work, p99 over a spinning synchronize: +346 / +152 µs
-#: (asyncio / uvloop) with these beats against +1371 / +627 µs without, for 22 / 20 % of the
-#: work's time in CPU against 17 / 14 %; beats every 200 µs from 1 ms before cost more CPU
-#: (26 / 23 %) for about the same p99 (+339 / +138 µs).
+#: does, and the same holds for the loop woken by a timely poke. The beats trade a little CPU
+#: for a p99 that a late wake-up no longer sets; beats closer together, or starting earlier,
+#: cost more CPU for no better p99 (``benchmarks/wake.py``'s 5 ms workload measures both).
 WARM_SPAN = 0.8e-3
 WARM_BEAT = 0.4e-3
 #: A sweep that has woken this many waiting tasks leaves the queues it has not reached for the
 #: next beat (they go first then) and yields: the woken tasks run while the GPU finishes the
-#: rest. Without it, a released fan-out of 10,000 waits on 64 streams completed everything in
-#: one sweep that lasted as long as the GPU work, and the first task resumed only after it.
+#: rest. Without it, a released fan-out of thousands of waits completes everything in one
+#: sweep that lasts as long as the GPU work, and the first task resumes only after it.
 #: 1,024 rather than 256: a loop behind the GPU completes whole streams at once, and the more
 #: streams one sweep takes in, the nearer the tasks it wakes oldest first lie to each other in
-#: memory (``_wake_oldest_first``; 256 took in about two streams of a 10,000 x 64 fan-out).
+#: memory (``_wake_oldest_first``; 256 takes in about two streams of a 10,000 x 64 fan-out).
 SWEEP_WAKE_BUDGET = 1024
 #: The loop's own timers due within this while the watcher parks are kept on time
 #: (``_keep_loop_timer``); one due later is at most a tenth of its wait late.
@@ -198,10 +194,8 @@ class _Entry:
     own (``_recorded_at``, ``_record_sequence``), read there while the event still holds this
     recording (``generation``: ``_enqueue``, ``_new_head``). Each is an object of its own,
     untouched from the recording until the entry is freed as its task ends, so holding them
-    cost two cache misses per completed wait. On an H200 (driver 580.159.04, 2026-11-25, three
-    runs of 13 interleaved rounds, median of the paired ratios) the 10,000 x 64 fan-outs with
-    an event for each waiter took 0.91-0.94, 0.93-1.01 (a slow host) and 0.92-0.97 of the time
-    without them (asyncio and uvloop, ``auto`` and ``poll``), with shared events 0.95-1.04.
+    would cost two cache misses per completed wait, which a fan-out of waits on events of
+    their own pays thousands of times (``benchmarks/wake.py``'s fan-outs time this path).
     """
 
     __slots__ = (
@@ -229,7 +223,7 @@ class _Entry:
         self.serial = next(_entry_serials)  # tells this wait from the others (hang reports); orders wake-ups
         self.generation = target._generation
         # The waiting tasks' signals: the first in a slot, any more in a dict (an ordered set
-        # with O(1) removal). Most recordings have one waiting task, and a dict of one cost a
+        # with O(1) removal). Most recordings have one waiting task, and a dict of one costs a
         # cache miss more per completed recording (``_wake``).
         self.signal: Signal | None = None
         self.more_signals: dict[Signal, None] | None = None
@@ -609,11 +603,9 @@ class Watcher:
         every entry if it is done (one query for the stream, not the head's, the next one's and
         then the newest's). Found pending, it ends the guess: one query wasted.
 
-        Interleaved with asking the head first on an H200 (driver 580.159.04, 2026-11-25, two
-        runs of 15 rounds of the 10,000 x 64 fan-outs, median of the paired ratios), it took
-        0.94-0.99 and 0.91-1.01 of the time in the eight cases (own and shared events, asyncio
-        and uvloop, ``auto`` and ``poll``), faster in 15 of the 16: a released fan-out's queries
-        cost about 3 µs each, and most of its streams are done before the sweep reaches them.
+        The guess pays because in a released fan-out most streams are done before the sweep
+        reaches them, and each query saved is a driver call of a few µs
+        (``benchmarks/wake.py``'s fan-outs time this path).
         """
         entries = queue.entries
         newest = entries[-1]
@@ -684,11 +676,9 @@ class Watcher:
     def _complete_oldest(self, queue: _Queue, count: int, stale: list[_Entry]) -> None:
         """The ``count`` oldest entries are done (a later recording on their stream is).
 
-        Completes most entries in a fan-out, so ``_complete`` is written out here: with a call
-        to it per entry, 10,000 waits on events of their own over 64 streams took 5 % longer
-        to wake (H200, uvloop, 2026-11-25, 11 rounds interleaved in one process, median of the
-        paired ratios; 23.4 against 22.5 ms median), and 1-3 % longer in the other fan-outs
-        measured with it (asyncio, shared events; one of them 10 %).
+        Completes most entries in a fan-out, so ``_complete`` is written out here: a Python
+        call per entry is a visible share of waking thousands of waits on events of their own
+        (``benchmarks/wake.py``'s fan-outs time this path).
         """
         entries = queue.entries
         waking = self._waking
@@ -788,13 +778,11 @@ class Watcher:
         ends the last one leaves the loop's next sleep as asyncio rounds it.
 
         asyncio rounds its sleeps up to whole milliseconds (``AsyncioBackend.earliest_timer``),
-        so a timer due 0.3 ms after the loop went to sleep fired 1 ms after. Once per timer:
-        woken at a timer's time, the loop sleeps to its next one as it would without aiogpu.
-        Interleaved with the engine without it on an H200 (driver 580.159.04, 2026-11-25, four
-        rounds, 5 ms of work back to back), a 1 kHz ``asyncio.sleep`` ticker's p99 lag went
-        from 0.83-1.07 to 0.30-0.38 ms (``auto``, ``thread``, ``callback``), the process's CPU
-        while it ticked from 11-20 % to 13-21 % of a core (it also ticked 8-16 % more often).
-        ``poll``'s ticker p99, kept by nothing: 0.84 ms.
+        so a timer due a fraction of a millisecond after the loop went to sleep fires up to
+        1 ms late. Once per timer: woken at a timer's time, the loop sleeps to its next one as
+        it would without aiogpu. It costs a thread wake-up per timer and keeps the application's
+        own timers prompt instead of up to a millisecond late (``benchmarks/wake.py``'s ticker
+        probe measures the lag, ``poll``'s rows the lag without it).
         """
         timer = self._backend.earliest_timer()
         if timer is None:
@@ -954,8 +942,8 @@ class Watcher:
 
         ``_forget`` written out: this runs once per completed recording, 10,000 times in a
         fan-out of waits on events of their own, where it and letting go of the handle as
-        calls cost 0.8 of 17.3 ms on a fake timeline (``_complete_oldest``, which completes
-        most of them, writes out both)."""
+        calls are a visible share of the wake-up (``_complete_oldest``, which completes most
+        of them, writes out both)."""
         target = entry.target
         if target._waiting is entry:
             target._waiting = None
@@ -979,15 +967,11 @@ class Watcher:
         Tasks tend to lie in memory in the order their waits started: a server's requests each
         make a task, an event and a wait in turn, round robin over its streams, and the tasks of
         one stream lie far apart. Woken stream by stream, each task's wake-up touched memory far
-        from the last one's. Interleaved in one process on an H200 (driver 580.159.04,
-        2026-11-25, three runs of 11-15 rounds of the 10,000 x 64 fan-outs on mostly slow hosts,
-        median of the paired ratios), sorting with a budget of 1,024 wake-ups a sweep took
-        0.81-0.93 of the time of the unsorted sweeps of 256 with an event for each waiter (all
-        ten cases: asyncio and uvloop, ``auto`` and ``poll``), and 0.92-1.11 with shared events
-        (median 1.01). Sorting alone (budget 256) took 0.84-1.09 and the budget alone 1.02-1.04
-        with an event for each waiter; an earlier engine's sweeps of 256 had done better
-        unsorted. The lone wait's close watch wakes its one entry through ``_wake``: nothing
-        to sort.
+        from the last one's. Sorted, consecutive wake-ups touch nearby memory; the sort pays
+        together with a large ``SWEEP_WAKE_BUDGET`` (a sweep that takes in whole streams has
+        more wake-ups to put in order), and neither pays as much alone (``benchmarks/wake.py``'s
+        fan-outs with an event for each waiter time this path). The lone wait's close watch wakes
+        its one entry through ``_wake``: nothing to sort.
         """
         if len(self._waking) > 1:
             self._waking.sort(key=_started_order)
