@@ -31,7 +31,8 @@ import time
 from pathlib import Path
 
 import aiogpu
-from aiogpu.testing import SimulatedDriver, launch_spin
+from aiogpu.testing import launch_spin
+from benchmarks.wake import open_device
 
 WAYS = ("auto", "poll", "thread", "callback", "to_thread")
 
@@ -53,7 +54,6 @@ class TimedSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
 
 async def saturate(device: aiogpu.Device, way: str, arguments: argparse.Namespace, selector: TimedSelector) -> dict[str, float]:
     pool = aiogpu.StreamPool([device], streams_per_device=arguments.streams)
-    simulator = device._driver if isinstance(device._driver, SimulatedDriver) else None
     completed = 0
     running = True
 
@@ -61,10 +61,7 @@ async def saturate(device: aiogpu.Device, way: str, arguments: argparse.Namespac
         nonlocal completed
         while running:
             async with pool.stream() as stream:
-                if simulator is not None:
-                    simulator.launch(stream, seconds=arguments.work)
-                else:
-                    launch_spin(stream, arguments.work)
+                launch_spin(stream, arguments.work)
                 with stream.record() as done:
                     if way == "to_thread":
                         await asyncio.to_thread(done.synchronize)
@@ -106,12 +103,8 @@ def run(way: str, device: aiogpu.Device, arguments: argparse.Namespace) -> dict[
 
 
 def main(arguments: argparse.Namespace) -> dict[str, object]:
-    try:
-        device = aiogpu.Device(0)
-        where = device.name
-    except aiogpu.CudaUnavailableError:
-        device = SimulatedDriver().device(0)
-        where = "the simulated device"
+    device, simulated = open_device()
+    where = "the simulated device" if simulated else device.name
     print(
         f"{where}: {arguments.tasks} tasks on {arguments.streams} streams, {arguments.work * 1e6:.0f} µs of work a wait, "
         f"{arguments.seconds:g} s a case, asyncio",

@@ -1,7 +1,7 @@
 """Overlap of host and GPU work on one event loop, against its floor, for each way of waiting.
 
 Two tasks share the loop for ``--rounds`` rounds: one launches ``--gpu`` seconds of GPU work (a
-spin kernel; simulated work without a GPU) and waits for it, again and again; the other does
+spin kernel, simulated without a GPU) and waits for it, again and again; the other does
 ``--host`` seconds of pure-Python work between ``await asyncio.sleep(0)``. Run one after the
 other they take the serial time (the GPU jobs waited for with a busy ``synchronize``, then the
 host chunks); the floor is the longer of the GPU jobs back to back (launched all at once and
@@ -26,7 +26,8 @@ import time
 from pathlib import Path
 
 import aiogpu
-from aiogpu.testing import SimulatedDriver, launch_spin
+from aiogpu.testing import launch_spin
+from benchmarks.wake import open_device
 
 WAYS = ("auto", "poll", "thread", "callback", "to_thread", "query+sleep(0)")
 
@@ -37,14 +38,6 @@ def host_chunk(seconds: float) -> None:
     total = 0
     while time.perf_counter() < end:
         total += sum(range(200))
-
-
-def launch(stream: aiogpu.Stream, seconds: float) -> None:
-    driver = stream.device._driver
-    if isinstance(driver, SimulatedDriver):
-        driver.launch(stream, seconds=seconds)
-    else:
-        launch_spin(stream, seconds)
 
 
 async def wait(event: aiogpu.Event, way: str) -> None:
@@ -60,7 +53,7 @@ async def wait(event: aiogpu.Event, way: str) -> None:
 async def overlapped(stream: aiogpu.Stream, way: str, arguments: argparse.Namespace) -> float:
     async def gpu_task() -> None:
         for _ in range(arguments.rounds):
-            launch(stream, arguments.gpu)
+            launch_spin(stream, arguments.gpu)
             with stream.record() as done:
                 await wait(done, way)
 
@@ -77,7 +70,7 @@ async def overlapped(stream: aiogpu.Stream, way: str, arguments: argparse.Namesp
 def gpu_back_to_back(stream: aiogpu.Stream, arguments: argparse.Namespace) -> float:
     started = time.perf_counter()
     for _ in range(arguments.rounds):
-        launch(stream, arguments.gpu)
+        launch_spin(stream, arguments.gpu)
     with stream.record() as done:
         done.synchronize()
     return time.perf_counter() - started
@@ -86,7 +79,7 @@ def gpu_back_to_back(stream: aiogpu.Stream, arguments: argparse.Namespace) -> fl
 def serial(stream: aiogpu.Stream, arguments: argparse.Namespace) -> float:
     started = time.perf_counter()
     for _ in range(arguments.rounds):
-        launch(stream, arguments.gpu)
+        launch_spin(stream, arguments.gpu)
         with stream.record() as done:
             done.synchronize()
     for _ in range(arguments.rounds):
@@ -95,12 +88,8 @@ def serial(stream: aiogpu.Stream, arguments: argparse.Namespace) -> float:
 
 
 def main(arguments: argparse.Namespace) -> dict[str, object]:
-    try:
-        device = aiogpu.Device(0)
-        where = device.name
-    except aiogpu.CudaUnavailableError:
-        device = SimulatedDriver().device(0)
-        where = "the simulated device"
+    device, simulated = open_device()
+    where = "the simulated device" if simulated else device.name
     stream = aiogpu.Stream(device)
     rows: list[dict[str, object]] = []
     for repeat in range(arguments.repeats):
