@@ -80,7 +80,8 @@ class _Step:
 
 
 class Engine:
-    """The model, its slots and the scheduler; ``generate`` streams one request's tokens."""
+    """The model, its slots and the scheduler: ``submit`` queues a request, whose tokens arrive on
+    its ``tokens`` queue, and ``cancel`` drops one."""
 
     def __init__(self, mode: str = "aiogpu", shape: ModelShape | None = None) -> None:
         if mode not in MODES:
