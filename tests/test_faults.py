@@ -28,5 +28,7 @@ def test_fault_raises_a_sticky_cuda_error_in_every_awaiter(strategy: aiogpu.Wait
     # The simulator's waiter threads spin in Python, holding the GIL from the loop for up to a
     # switch interval each (116 ms of ticker gap seen on a busy CI machine): the gap measures the
     # simulator, not aiogpu. The ticker must still tick after the fault (fault_under_awaiters
-    # waits for that); tests/gpu/test_faults.py bounds the gap on the GPU.
-    check_fault_report(report, strategy, loop, max_tick_gap_ms=None)
+    # waits for that); tests/gpu/test_faults.py bounds the gap on the GPU. For the same reason the
+    # time to the last awaiter's error is bounded loosely here (a hang still fails), and tightly
+    # on the GPU.
+    check_fault_report(report, strategy, loop, max_tick_gap_ms=None, reported_within_ms=2_000)

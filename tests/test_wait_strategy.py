@@ -903,8 +903,11 @@ async def test_a_close_watch_on_an_idle_loop_asks_again_before_yielding(
     assert max(len(times) for times in beats) > 1, "never asked twice in a beat"
     spans = sorted(times[-1] - times[0] for times in beats if len(times) > 1)
     assert spans[len(spans) // 2] <= _watcher.IDLE_SPIN + 5e-6, f"kept the loop for {spans} s"
-    # Never the whole 2 ms watch in one go (a preemption of the test machine can stretch one spin).
-    assert spans[-1] < 1e-3, f"kept the loop for {spans[-1] * 1e6:.0f} µs"
+    # Never the whole 2 ms watch in one go. A preemption of the test machine can stretch a spin
+    # now and then, so one beat in ten may run long; the median above catches a watch that
+    # spins through in one beat.
+    long = [span for span in spans if span >= 1e-3]
+    assert len(long) <= max(1, len(spans) // 10), f"kept the loop for {[round(span * 1e6) for span in long]} µs"
 
 
 @pytest.mark.anyio
