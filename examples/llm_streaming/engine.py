@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import aiogpu
+from aiogpu.testing import SimulatedDriver, launch_spin
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -91,8 +92,6 @@ class Engine:
         try:
             device = aiogpu.Device(0)
         except aiogpu.CudaUnavailableError:
-            from aiogpu.testing import SimulatedDriver
-
             device = SimulatedDriver().device(0)
             self._model: _Model = _StandIn(device, self.shape)
             self.where = "the simulated device (no GPU)"
@@ -249,7 +248,6 @@ class _StandIn(_Model):
     """The simulated device: ``SIMULATED_STEP_SECONDS`` of GPU time a step, tokens from a hash."""
 
     def __init__(self, device: aiogpu.Device, shape: ModelShape) -> None:
-        self._simulator = device._driver  # the SimulatedDriver that made the device
         self.stream = aiogpu.Stream(device)
         self._window = shape.window
         self._contexts = [[PAD] * shape.window for _ in range(shape.slots)]
@@ -264,7 +262,7 @@ class _StandIn(_Model):
             context.append(token)
 
     def launch(self, active: list[bool]) -> Callable[[], list[int]]:
-        self._simulator.launch(self.stream, seconds=SIMULATED_STEP_SECONDS)  # type: ignore[attr-defined]
+        launch_spin(self.stream, SIMULATED_STEP_SECONDS)  # simulated GPU time
         tokens = [next_token(context) if on else PAD for context, on in zip(self._contexts, active, strict=True)]
         return lambda: tokens
 

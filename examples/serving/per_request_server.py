@@ -35,6 +35,7 @@ from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel
 
 import aiogpu
+from aiogpu.testing import SimulatedDriver, launch_spin
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -59,10 +60,7 @@ class Service:
         try:
             device = aiogpu.Device(0)
         except aiogpu.CudaUnavailableError:
-            from aiogpu.testing import SimulatedDriver
-
-            self._simulator: object = SimulatedDriver()
-            device = self._simulator.device(0)  # type: ignore[attr-defined]
+            device = SimulatedDriver().device(0)
             self.where = "the simulated device (no GPU)"
             self._network = None
         else:
@@ -89,7 +87,7 @@ class Service:
 
     async def _run(self, stream: aiogpu.Stream, tokens: list[int]) -> list[float]:
         if self._network is None:
-            self._simulator.launch(stream, seconds=SIMULATED_SECONDS)  # type: ignore[attr-defined]
+            launch_spin(stream, SIMULATED_SECONDS)  # simulated GPU time
             read = lambda: [math.tanh(sum(tokens) * (i + 1) / 1e6) for i in range(OUTPUTS)]  # noqa: E731
         else:
             read = self._network.enqueue(stream, tokens)
