@@ -3,7 +3,7 @@
 Rules this file keeps:
 
 1. It is the only module that imports ``cuda.bindings``; nothing above it sees a ``CUresult``.
-2. Every driver call goes through :func:`_check` (or, on the hot query paths, the same logic
+2. Every driver call goes through :func:`check` (or, on the hot query paths, the same logic
    inlined), which turns a failing ``CUresult`` into :class:`~aiogpu.CudaError` and a missing
    driver library into :class:`~aiogpu.CudaUnavailableError`.
 3. ``CUDA_ERROR_NOT_READY`` from a query is the value ``False``, not an error.
@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from cuda.bindings import driver as cu
 
-from . import _kernels
 from ._errors import STICKY_RESULTS, CudaError, CudaUnavailableError
 
 if TYPE_CHECKING:
@@ -102,14 +101,6 @@ class Driver(Protocol):
     def host_alloc(self, nbytes: int) -> int: ...
     def host_free(self, pointer: int) -> None: ...
     def memcpy_async(self, destination: int, source: int, nbytes: int, stream: int) -> None: ...
-    # Test instruments (aiogpu.testing): hold a stream on a host-released latch, keep the
-    # device busy for a while, or make it fault.
-    def latch_create(self) -> int: ...
-    def latch_block(self, stream: int, latch: int) -> None: ...
-    def latch_release(self, latch: int) -> None: ...
-    def latch_destroy(self, latch: int) -> None: ...
-    def launch_spin(self, stream: int, seconds: float) -> None: ...
-    def launch_fault(self, stream: int) -> None: ...
     # The callback strategy: enqueue the C function ``function(argument)`` as a host function
     # (it must not need the GIL: aiogpu passes the C library's sem_post).
     def launch_host_function(self, stream: int, function: int, argument: int) -> None: ...
@@ -202,7 +193,7 @@ def _no_driver(func: str) -> CudaUnavailableError:
     )
 
 
-def _check(func: Callable[..., Any], *args: Any) -> Any:
+def check(func: Callable[..., Any], *args: Any) -> Any:
     """Call a ``cuda.bindings`` driver function; return its values or raise ``CudaError``."""
     try:
         err, *values = func(*args)
@@ -221,10 +212,7 @@ class CudaDriver:
     name = "cuda"
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
         self._initialized = False
-        self._kernels: dict[int, dict[str, Any]] = {}  # context -> kernel name -> CUfunction
-        self._latches: dict[int, int] = {}  # host pointer -> device pointer
         self._libcuda_handle: Any = None
 
     def init(self) -> None:
@@ -252,53 +240,53 @@ class CudaDriver:
 
     # -- devices and contexts -------------------------------------------------------------
     def device_count(self) -> int:
-        return int(_check(cu.cuDeviceGetCount))
+        return int(check(cu.cuDeviceGetCount))
 
     def device_name(self, ordinal: int) -> str:
-        raw = _check(cu.cuDeviceGetName, 256, _check(cu.cuDeviceGet, ordinal))
+        raw = check(cu.cuDeviceGetName, 256, check(cu.cuDeviceGet, ordinal))
         return bytes(raw).split(b"\0", 1)[0].decode(errors="replace")
 
     def primary_context_retain(self, ordinal: int) -> int:
-        return int(_check(cu.cuDevicePrimaryCtxRetain, _check(cu.cuDeviceGet, ordinal)))
+        return int(check(cu.cuDevicePrimaryCtxRetain, check(cu.cuDeviceGet, ordinal)))
 
     def context_get_current(self) -> int:
-        return int(_check(cu.cuCtxGetCurrent))
+        return int(check(cu.cuCtxGetCurrent))
 
     def context_set_current(self, context: int) -> None:
-        _check(cu.cuCtxSetCurrent, context)
+        check(cu.cuCtxSetCurrent, context)
 
     def context_push(self, context: int) -> None:
-        _check(cu.cuCtxPushCurrent, context)
+        check(cu.cuCtxPushCurrent, context)
 
     def context_pop(self) -> None:
-        _check(cu.cuCtxPopCurrent)
+        check(cu.cuCtxPopCurrent)
 
     def context_device(self, context: int) -> int:
         self.context_push(context)
         try:
-            return int(_check(cu.cuCtxGetDevice))
+            return int(check(cu.cuCtxGetDevice))
         finally:
             self.context_pop()
 
     # -- streams ----------------------------------------------------------------------------
     def stream_priority_range(self) -> tuple[int, int]:
-        least, greatest = _check(cu.cuCtxGetStreamPriorityRange)
+        least, greatest = check(cu.cuCtxGetStreamPriorityRange)
         return int(least), int(greatest)
 
     def stream_create(self, flags: int, priority: int) -> int:
-        return int(_check(cu.cuStreamCreateWithPriority, flags, priority))
+        return int(check(cu.cuStreamCreateWithPriority, flags, priority))
 
     def stream_destroy(self, stream: int) -> None:
-        _check(cu.cuStreamDestroy, stream)
+        check(cu.cuStreamDestroy, stream)
 
     def stream_context(self, stream: int) -> int:
-        return int(_check(cu.cuStreamGetCtx, stream))
+        return int(check(cu.cuStreamGetCtx, stream))
 
     def stream_priority(self, stream: int) -> int:
-        return int(_check(cu.cuStreamGetPriority, stream))
+        return int(check(cu.cuStreamGetPriority, stream))
 
     def stream_flags(self, stream: int) -> int:
-        return int(_check(cu.cuStreamGetFlags, stream))
+        return int(check(cu.cuStreamGetFlags, stream))
 
     def stream_query(self, stream: int) -> bool:
         (err,) = cu.cuStreamQuery(stream)
@@ -309,20 +297,20 @@ class CudaDriver:
         raise cuda_error(err, "cuStreamQuery")
 
     def stream_synchronize(self, stream: int) -> None:
-        _check(cu.cuStreamSynchronize, stream)
+        check(cu.cuStreamSynchronize, stream)
 
     def stream_wait_event(self, stream: int, event: int) -> None:
-        _check(cu.cuStreamWaitEvent, stream, event, 0)
+        check(cu.cuStreamWaitEvent, stream, event, 0)
 
     # -- events -----------------------------------------------------------------------------
     def event_create(self, flags: int) -> int:
-        return int(_check(cu.cuEventCreate, flags))
+        return int(check(cu.cuEventCreate, flags))
 
     def event_destroy(self, event: int) -> None:
-        _check(cu.cuEventDestroy, event)
+        check(cu.cuEventDestroy, event)
 
     def event_record(self, event: int, stream: int) -> None:
-        _check(cu.cuEventRecord, event, stream)
+        check(cu.cuEventRecord, event, stream)
 
     def event_query(self, event: int) -> bool:
         (err,) = cu.cuEventQuery(event)
@@ -333,57 +321,28 @@ class CudaDriver:
         raise cuda_error(err, "cuEventQuery")
 
     def event_synchronize(self, event: int) -> None:
-        _check(cu.cuEventSynchronize, event)
+        check(cu.cuEventSynchronize, event)
 
     def event_elapsed_time(self, start: int, end: int) -> float:
-        return float(_check(cu.cuEventElapsedTime, start, end))
+        return float(check(cu.cuEventElapsedTime, start, end))
 
     def host_alloc(self, nbytes: int) -> int:
-        return int(_check(cu.cuMemHostAlloc, nbytes, cu.CU_MEMHOSTALLOC_PORTABLE))
+        return int(check(cu.cuMemHostAlloc, nbytes, cu.CU_MEMHOSTALLOC_PORTABLE))
 
     def host_free(self, pointer: int) -> None:
-        _check(cu.cuMemFreeHost, pointer)
+        check(cu.cuMemFreeHost, pointer)
 
     def memcpy_async(self, destination: int, source: int, nbytes: int, stream: int) -> None:
-        _check(cu.cuMemcpyAsync, destination, source, nbytes, stream)
+        check(cu.cuMemcpyAsync, destination, source, nbytes, stream)
 
     def ipc_get_event_handle(self, event: int) -> bytes:
-        handle = _check(cu.cuIpcGetEventHandle, event)
+        handle = check(cu.cuIpcGetEventHandle, event)
         return ctypes.string_at(handle.getPtr(), IPC_HANDLE_SIZE)
 
     def ipc_open_event_handle(self, data: bytes) -> int:
         buffer = ctypes.create_string_buffer(bytes(data), IPC_HANDLE_SIZE)
         handle = cu.CUipcEventHandle(_ptr=ctypes.addressof(buffer))
-        return int(_check(cu.cuIpcOpenEventHandle, handle))
-
-    # -- test instruments -------------------------------------------------------------------
-    def latch_create(self) -> int:
-        self._kernel(_kernels.SPIN_KERNEL)  # load the test kernels while nothing is held
-        flags = cu.CU_MEMHOSTALLOC_DEVICEMAP | cu.CU_MEMHOSTALLOC_PORTABLE
-        host = int(_check(cu.cuMemHostAlloc, 4, flags))
-        ctypes.c_uint32.from_address(host).value = 0
-        device = int(_check(cu.cuMemHostGetDevicePointer, host, 0))
-        with self._lock:
-            self._latches[host] = device
-        return host
-
-    def latch_block(self, stream: int, latch: int) -> None:
-        self._launch(_kernels.HOLD_KERNEL, stream, ((self._latches[latch],), (ctypes.c_uint64,)))
-
-    def latch_release(self, latch: int) -> None:
-        ctypes.c_uint32.from_address(latch).value = 1
-
-    def latch_destroy(self, latch: int) -> None:
-        with self._lock:
-            del self._latches[latch]
-        _check(cu.cuMemFreeHost, latch)
-
-    def launch_spin(self, stream: int, seconds: float) -> None:
-        params = ((int(seconds * 1e9),), (ctypes.c_uint64,))
-        self._launch(_kernels.SPIN_KERNEL, stream, params)
-
-    def launch_fault(self, stream: int) -> None:
-        self._launch(_kernels.FAULT_KERNEL, stream, ((0,), (ctypes.c_uint64,)))
+        return int(check(cu.cuIpcOpenEventHandle, handle))
 
     def launch_host_function(self, stream: int, function: int, argument: int) -> None:
         # Straight into libcuda, not through cuda.bindings: its cuLaunchHostFunc wraps the
@@ -400,28 +359,6 @@ class CudaDriver:
         if self._libcuda_handle is None:
             self._libcuda_handle = ctypes.CDLL("libcuda.so.1")  # loaded already: cuInit succeeded
         return self._libcuda_handle
-
-    def _launch(self, kernel: str, stream: int, params: tuple[tuple[int], tuple[type]]) -> None:
-        _check(cu.cuLaunchKernel, self._kernel(kernel), 1, 1, 1, 1, 1, 1, 0, stream, params, 0)
-
-    def _kernel(self, name: str) -> Any:
-        """The test kernel ``name`` in the current context, loaded on first use.
-
-        Loading a module may synchronize the whole context, which would deadlock behind a held
-        latch: ``latch_create`` loads the kernels before any stream can be held.
-        """
-        context = self.context_get_current()
-        with self._lock:
-            kernels = self._kernels.get(context)
-            if kernels is None:
-                module = _check(cu.cuModuleLoadData, _kernels.PTX)
-                kernels = {kernel: _check(cu.cuModuleGetFunction, module, kernel.encode()) for kernel in _kernels.NAMES}
-                load = getattr(cu, "cuFuncLoad", None)  # lazy loading defers the real load to here
-                for function in kernels.values():
-                    if load is not None:
-                        _check(load, function)
-                self._kernels[context] = kernels
-        return kernels[name]
 
 
 _default_lock = threading.Lock()

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import aiogpu
-from aiogpu._driver import _check as check  # calls a cuda.bindings function, raises CudaError
+from aiogpu._driver import check  # calls a cuda.bindings function, raises CudaError
 
 from . import baselines
 from .wake import open_device

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import aiogpu
-from aiogpu._driver import _check as check  # calls a cuda.bindings function, raises CudaError
+from aiogpu._driver import check  # calls a cuda.bindings function, raises CudaError
 from aiogpu.testing import launch_spin
 
 from .host_costs import per_call_us

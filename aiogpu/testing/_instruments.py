@@ -3,23 +3,55 @@
 ``Latch`` holds streams until the test releases it (on a GPU: a one-thread kernel that spins
 until a word in mapped pinned host memory is set, so a held stream is busy the way real work
 makes it, and other streams run on; simulated: held work). ``launch_spin``
-keeps a stream busy for a given time; ``launch_fault`` makes the device fault. They go through
-the driver interface, so tests written with them run unchanged on both.
+keeps a stream busy for a given time; ``launch_fault`` makes the device fault. Each picks the
+implementation for its device's driver (the CUDA kernels of :mod:`._cuda_instruments` for a
+``CudaDriver``, the simulated driver's own instruments otherwise), so tests written with them
+run unchanged on both. The production driver interface carries none of this.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, final
+from typing import TYPE_CHECKING, Protocol, final, runtime_checkable
 
+from .._driver import CudaDriver
 from .._errors import AiogpuError, ClosedResourceError
 from .._stream import Stream
+from ._cuda_instruments import cuda_instruments
+from ._simulated import SimulatedDriver
 
 if TYPE_CHECKING:
     from types import TracebackType
 
     from .._device import Device
+    from .._driver import Driver
     from .._event import Event
+
+
+@runtime_checkable
+class Instruments(Protocol):
+    """What the instruments need on a device: handles are ``int`` addresses, as across the
+    driver door, and calls need the device's context current, as driver calls do."""
+
+    def latch_create(self) -> int: ...
+    def latch_block(self, stream: int, latch: int) -> None: ...
+    def latch_release(self, latch: int) -> None: ...
+    def latch_destroy(self, latch: int) -> None: ...
+    def launch_spin(self, stream: int, seconds: float) -> None: ...
+    def launch_fault(self, stream: int) -> None: ...
+
+
+def instruments_for(driver: Driver) -> Instruments:
+    """The instruments for devices of ``driver``: CUDA kernels for a ``CudaDriver``; a driver
+    with instruments of its own (``SimulatedDriver``) is its own."""
+    if isinstance(driver, SimulatedDriver):  # first: the cheap check for the common case
+        return driver
+    if isinstance(driver, CudaDriver):
+        return cuda_instruments(driver)
+    if isinstance(driver, Instruments):
+        return driver
+    raise TypeError(f"aiogpu.testing's instruments need a device of a CudaDriver or a SimulatedDriver, got one of {driver!r}")
+
 
 # A latch's memory may only be freed once every stream it held has moved past it (the GPU
 # reads it until then). Closed latches wait here until their markers complete.
@@ -69,9 +101,9 @@ class Latch:
 
     def __init__(self, device: Device) -> None:
         self._device = device
-        self._driver = device._driver
+        self._instruments = instruments_for(device._driver)
         with device._activated():
-            self._handle = self._driver.latch_create()
+            self._handle = self._instruments.latch_create()
         self._markers: list[Event] = []
         self._closed = False
 
@@ -89,13 +121,13 @@ class Latch:
         if stream.is_closed:
             raise ClosedResourceError(f"{stream!r} is closed")
         with self._device._activated():  # the hold kernel is loaded per context
-            self._driver.latch_block(stream.handle, self._handle)
+            self._instruments.latch_block(stream.handle, self._handle)
         self._markers.append(stream.record())
 
     def release(self) -> None:
         """Let every stream held by this latch go on. Idempotent."""
         if not self._closed:
-            self._driver.latch_release(self._handle)
+            self._instruments.latch_release(self._handle)
 
     def __reduce__(self) -> tuple[object, ...]:
         raise TypeError("a Latch cannot be copied or pickled: it owns its handle; share the object itself")
@@ -110,7 +142,7 @@ class Latch:
 
     def _destroy(self) -> None:
         try:
-            self._driver.latch_destroy(self._handle)
+            self._instruments.latch_destroy(self._handle)
         except (AiogpuError, RuntimeError):
             pass
 
@@ -127,8 +159,9 @@ def launch_spin(stream: Stream, seconds: float) -> None:
         raise TypeError(f"expected an aiogpu.Stream, got {stream!r}")
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds <= 3600:
         raise ValueError(f"seconds must be a number between 0 and 3600, got {seconds!r}")
+    instruments = instruments_for(stream.device._driver)
     with stream.device._activated():
-        stream.device._driver.launch_spin(stream.handle, float(seconds))
+        instruments.launch_spin(stream.handle, float(seconds))
 
 
 def launch_fault(stream: Stream) -> None:
@@ -139,5 +172,6 @@ def launch_fault(stream: Stream) -> None:
     """
     if not isinstance(stream, Stream):
         raise TypeError(f"expected an aiogpu.Stream, got {stream!r}")
+    instruments = instruments_for(stream.device._driver)
     with stream.device._activated():
-        stream.device._driver.launch_fault(stream.handle)
+        instruments.launch_fault(stream.handle)

@@ -530,7 +530,7 @@ class _SimulatedDriverCore:
             self._events[handle] = original  # both handles name one underlying event, as across processes
             return handle
 
-    # -- Driver: test instruments -------------------------------------------------------------
+    # -- test instruments (aiogpu.testing's Latch, launch_spin, launch_fault) ------------------
     def latch_create(self) -> int:
         with self._changed:
             handle = self._next_handle()

@@ -1,4 +1,4 @@
-"""Hand-written PTX for the test instruments (``aiogpu.testing``): no compiler needed.
+"""Hand-written PTX for the test instruments on a GPU: no compiler needed.
 
 The driver JIT-compiles PTX for whatever GPU it runs on, so these load on any device of
 compute capability 7.0 or newer (``nanosleep`` needs 7.0).
