@@ -3,7 +3,7 @@
 Few classes, grouped by what a caller would catch. Argument mistakes are plain ``TypeError``
 and ``ValueError``; driver failures are ``CudaError``; a machine without a usable driver or
 device gets ``CudaUnavailableError``; using a closed object raises ``ClosedResourceError``.
-This module never imports ``cuda.bindings``: the driver door (``_driver.py``) builds
+This module never imports ``cuda.bindings``: the driver door (``_driver/``) builds
 ``CudaError`` from its ``CUresult`` and hands it over.
 """
 

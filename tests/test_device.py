@@ -5,6 +5,7 @@ from __future__ import annotations
 import pickle
 
 import pytest
+from cuda.bindings import driver as cu
 
 import aiogpu
 from aiogpu import _driver
@@ -88,7 +89,7 @@ def test_missing_driver_gives_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> 
 
         raise DynamicLibNotFoundError('"cuda" is an NVIDIA driver library and can only be found via system search')
 
-    monkeypatch.setattr(_driver.cu, "cuInit", missing)
+    monkeypatch.setattr(cu, "cuInit", missing)
     with pytest.raises(aiogpu.CudaUnavailableError, match=r"no NVIDIA driver found.*aiogpu\.testing\.SimulatedDriver") as info:
         _driver.CudaDriver().init()
     assert info.value.__cause__ is not None
@@ -96,6 +97,6 @@ def test_missing_driver_gives_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_no_device_gives_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_driver.cu, "cuInit", lambda flags: (_driver.cu.CUresult.CUDA_ERROR_NO_DEVICE,))
+    monkeypatch.setattr(cu, "cuInit", lambda flags: (cu.CUresult.CUDA_ERROR_NO_DEVICE,))
     with pytest.raises(aiogpu.CudaUnavailableError, match="CUDA_ERROR_NO_DEVICE.*CUDA_VISIBLE_DEVICES"):
         _driver.CudaDriver().init()

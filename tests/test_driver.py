@@ -5,6 +5,7 @@ from __future__ import annotations
 import pickle
 
 import pytest
+from cuda.bindings import driver as cu
 
 import aiogpu
 from aiogpu import _driver
@@ -49,7 +50,6 @@ def test_unknown_results() -> None:
 
 
 def test_not_ready_is_a_value(monkeypatch: pytest.MonkeyPatch) -> None:
-    cu = _driver.cu
     real = _driver.CudaDriver()
     monkeypatch.setattr(cu, "cuEventQuery", lambda event: (cu.CUresult.CUDA_ERROR_NOT_READY,))
     assert real.event_query(0x10) is False
@@ -62,7 +62,6 @@ def test_not_ready_is_a_value(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_checked_call_unpacks_values(monkeypatch: pytest.MonkeyPatch) -> None:
-    cu = _driver.cu
     monkeypatch.setattr(cu, "cuCtxGetStreamPriorityRange", lambda: (cu.CUresult.CUDA_SUCCESS, 0, -5))
     assert _driver.CudaDriver().stream_priority_range() == (0, -5)
 

@@ -1106,8 +1106,15 @@ async def test_an_imported_event_is_awaitable(sim: SimulatedDriver) -> None:
 
 
 # -- installed -----------------------------------------------------------------------------------------------
+def installed_default() -> object:
+    """The default driver installed now (None: none made yet), without making one."""
+    current = _driver.swap_default_driver(None)
+    _driver.swap_default_driver(current)
+    return current
+
+
 def test_installed_makes_device_use_the_simulated_driver(sim: SimulatedDriver) -> None:
-    before = _driver._default
+    before = installed_default()
     outer = SimulatedDriver(devices=1)
     with outer.installed() as installed:
         assert installed is outer
@@ -1126,11 +1133,11 @@ def test_installed_makes_device_use_the_simulated_driver(sim: SimulatedDriver) -
                 assert adopted == stream
                 assert not adopted.is_owned
         assert aiogpu.Device(0) is outer.device(0)  # the previous default is back
-    assert _driver._default is before
+    assert installed_default() is before
 
 
 def test_installed_restores_the_default_after_an_exception(sim: SimulatedDriver) -> None:
-    before = _driver._default
+    before = installed_default()
 
     def use_and_fail() -> None:
         with sim.installed():
@@ -1139,7 +1146,7 @@ def test_installed_restores_the_default_after_an_exception(sim: SimulatedDriver)
 
     with pytest.raises(ZeroDivisionError):
         use_and_fail()
-    assert _driver._default is before
+    assert installed_default() is before
 
 
 # -- statistics ------------------------------------------------------------------------------------------------
