@@ -1314,7 +1314,7 @@ def test_help_shows_the_test_api_and_groups_the_driver_interface() -> None:
     """help(SimulatedDriver) leads with what a test uses; aiogpu's driver calls come after,
     under the private base that implements them."""
     text = pydoc.render_doc(SimulatedDriver, renderer=pydoc.plaintext)
-    own, _, inherited = text.partition("Methods inherited from aiogpu.testing._simulated._SimulatedDriverCore")
+    own, _, inherited = text.partition("Methods inherited from aiogpu.testing._simulated._calls.DriverCalls")
     calls = [name for name in vars(_driver.Driver) if not name.startswith("_") and callable(getattr(_driver.Driver, name))]
     assert len(calls) >= 30
     instruments = ["latch_create", "latch_block", "latch_release", "latch_destroy", "launch_spin", "launch_fault"]
