@@ -7,14 +7,17 @@ driver a clear ``TypeError``. (The CUDA kernels themselves run in tests/gpu.)
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import weakref
+from typing import Any
 
 import pytest
+from cuda.bindings import driver as cu
 
 import aiogpu
 from aiogpu import _driver
-from aiogpu.testing import Latch, SimulatedDriver, launch_fault, launch_spin
+from aiogpu.testing import Latch, SimulatedDriver, _kernels, launch_fault, launch_spin
 from aiogpu.testing._cuda_instruments import CudaInstruments
 from aiogpu.testing._instruments import instruments_for
 
@@ -73,3 +76,63 @@ def test_a_driver_without_instruments_gets_a_clear_error() -> None:
             with pytest.raises(TypeError, match="instruments need a device of a CudaDriver or a SimulatedDriver, got one of"):
                 call()
         assert stream.is_idle  # nothing was enqueued
+
+
+def test_cuda_instruments_load_per_context_and_launch_one_thread_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA path, on stand-ins for the driver functions: which calls, with which arguments."""
+    calls: list[tuple[str, tuple[Any, ...]]] = []
+    context = [0xC0]
+    word = ctypes.create_string_buffer(b"\xff" * 4, 4)  # stands in for the mapped pinned word
+
+    def stand_in(name: str, result: Any = None, *, returns: bool = True) -> None:
+        def call(*args: Any) -> tuple[Any, ...]:
+            calls.append((name, args))
+            value = result(*args) if callable(result) else result
+            return (cu.CUresult.CUDA_SUCCESS, value) if returns else (cu.CUresult.CUDA_SUCCESS,)
+
+        call.__name__ = name
+        monkeypatch.setattr(cu, name, call, raising=False)
+
+    stand_in("cuCtxGetCurrent", lambda: context[0])
+    stand_in("cuModuleLoadData", "module")
+    stand_in("cuModuleGetFunction", lambda module, name: f"{module}:{name.decode()}")
+    stand_in("cuFuncLoad", returns=False)
+    stand_in("cuMemHostAlloc", ctypes.addressof(word))
+    stand_in("cuMemHostGetDevicePointer", 0xD0)
+    stand_in("cuLaunchKernel", returns=False)
+    stand_in("cuMemFreeHost", returns=False)
+    driver = _driver.CudaDriver()  # the instruments hold it weakly: a device holds it in use
+    instruments = CudaInstruments(driver)
+
+    latch = instruments.latch_create()
+    assert latch == ctypes.addressof(word) and word.raw == bytes(4)  # closed
+    assert [name for name, _ in calls] == ["cuCtxGetCurrent", "cuModuleLoadData"] + ["cuModuleGetFunction"] * 3 + [
+        "cuFuncLoad"
+    ] * 3 + ["cuMemHostAlloc", "cuMemHostGetDevicePointer"]
+    assert calls[1][1] == (_kernels.PTX,)
+    assert calls[-2][1] == (4, cu.CU_MEMHOSTALLOC_DEVICEMAP | cu.CU_MEMHOSTALLOC_PORTABLE)
+    assert calls[-1][1] == (latch, 0)
+    calls.clear()
+
+    instruments.latch_block(0x5, latch)
+    instruments.launch_spin(0x5, 0.25)
+    instruments.launch_fault(0x5)
+    launches = [args for name, args in calls if name == "cuLaunchKernel"]
+    assert [name for name, _ in calls] == ["cuCtxGetCurrent", "cuLaunchKernel"] * 3  # loaded once per context
+    for args, (kernel, parameter) in zip(
+        launches, [(_kernels.HOLD_KERNEL, 0xD0), (_kernels.SPIN_KERNEL, 250_000_000), (_kernels.FAULT_KERNEL, 0)], strict=True
+    ):
+        assert args == (f"module:{kernel}", 1, 1, 1, 1, 1, 1, 0, 0x5, ((parameter,), (ctypes.c_uint64,)), 0)
+
+    instruments.latch_release(latch)
+    assert word.raw == (1).to_bytes(4, "little")  # open: what the hold kernel polls for
+    calls.clear()
+    instruments.latch_destroy(latch)
+    assert calls == [("cuMemFreeHost", (latch,))]
+    with pytest.raises(KeyError):
+        instruments.latch_block(0x5, latch)  # destroyed
+
+    context[0] = 0xC1  # another context loads its own module
+    calls.clear()
+    instruments.launch_spin(0x6, 0)
+    assert [name for name, _ in calls].count("cuModuleLoadData") == 1
