@@ -266,6 +266,36 @@ async def test_failed_or_abandoned_copies_leak_no_memory(sim: SimulatedDriver) -
         assert sim.statistics().live_host_buffers == 0
 
 
+async def test_a_copy_that_never_ends_holds_up_no_other_closed_pools_memory(
+    sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Closed pools' memory held by cancelled copies is freed by one thread for the process: it
+    # must not wait for one copy before freeing another's memory.
+    device = sim.device(0)
+    source = SimulatedArray(sim, bytes(16))
+    freed = threading.Event()
+    host_free = sim.host_free
+    monkeypatch.setattr(sim, "host_free", lambda pointer: (host_free(pointer), freed.set())[0])
+    pools = [aiogpu.PinnedPool(device), aiogpu.PinnedPool(device)]
+    with aiogpu.Stream(device) as stuck, aiogpu.Stream(device) as later, Latch(device) as held, Latch(device) as brief:
+        held.block(stuck)
+        brief.block(later)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(partial(aiogpu.copy_to_host, source, after=stuck, pool=pools[0]))
+            tg.start_soon(partial(aiogpu.copy_to_host, source, after=later, pool=pools[1]))
+            await anyio.wait_all_tasks_blocked()
+            for pool in pools:
+                pool.close()
+            tg.cancel_scope.cancel()
+        assert sim.statistics().live_host_buffers == 2
+        brief.release()
+        assert await anyio.to_thread.run_sync(freed.wait, 10)  # the later copy's memory, first
+        assert sim.statistics().live_host_buffers == 1
+        held.release()
+        assert await anyio.to_thread.run_sync(_pinned.freer().wait_done, 10)
+        assert sim.statistics().live_host_buffers == 0
+
+
 async def test_a_bad_device_pointer_is_a_cuda_error_as_on_a_gpu(sim: SimulatedDriver) -> None:
     """The simulated device refuses memory it did not allocate (the copy would read or write
     wherever the pointer points: a null pointer crashed the process), with the error a GPU gives."""
