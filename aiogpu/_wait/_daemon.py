@@ -198,8 +198,8 @@ class Executor:
         self._daemon = Daemon(name, self._take, idle_seconds=idle_seconds)
 
     def submit(self, job: Callable[[], object]) -> None:
-        """Run ``job`` on the thread after the jobs submitted before it (never raises into the
-        caller: the thread reports a job's error)."""
+        """Run ``job`` on the thread after the jobs submitted before it; an error it raises is
+        reported by the thread, never raised here."""
         with self._daemon.lock:
             self._jobs.append(job)
             self._daemon.wake()
