@@ -2,8 +2,10 @@
 
 Invariants:
 
-- Only threads of this module (and the timer thread, which never calls the driver) run
-  outside an event loop on aiogpu's behalf, and only they may block in a driver call.
+- Only threads of this module wait for GPU work on a loop's behalf. Of aiogpu's other threads
+  (all started through ``_daemon``), the timer and the doorbell never call the driver; the
+  armer and the pinned-memory freer call it off every loop, for calls that may block
+  (creating a stream, freeing pinned memory), but only query completions.
 - One *job* per recording of an event (event object, record generation): every subscriber to
   that recording, from any loop, shares it. A *watch* (``watch_any``) of several events is a
   job of its own for one subscriber: a thread queries them in turn and ends at the first one
