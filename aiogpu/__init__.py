@@ -17,10 +17,10 @@ from ._event import IpcEventHandle as IpcEventHandle
 from ._hangs import PendingWait as PendingWait
 from ._hangs import pending_waits as pending_waits
 from ._hangs import watch_for_hangs as watch_for_hangs
+from ._pinned import PinnedBuffer as PinnedBuffer
+from ._pinned import PinnedPool as PinnedPool
 from ._pool import StreamPool as StreamPool
 from ._stream import Stream as Stream
-from ._transfer import PinnedBuffer as PinnedBuffer
-from ._transfer import PinnedPool as PinnedPool
 from ._transfer import copy_to_device as copy_to_device
 from ._transfer import copy_to_host as copy_to_host
 from ._version import __version__ as __version__

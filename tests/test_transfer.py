@@ -14,6 +14,7 @@ import anyio
 import pytest
 
 import aiogpu
+from aiogpu import _pinned
 from aiogpu.testing import Latch, SimulatedDriver
 
 pytestmark = pytest.mark.anyio
@@ -134,7 +135,7 @@ async def test_memory_of_cancelled_copies_comes_back_only_when_every_copy_is_don
 
 
 async def test_side_streams_are_kept_for_recent_producers_only(sim: SimulatedDriver) -> None:
-    from aiogpu._transfer import SIDE_STREAMS
+    from aiogpu._pinned import SIDE_STREAMS
 
     device = sim.device(0)
     producers = [aiogpu.Stream(device) for _ in range(SIDE_STREAMS + 1)]
@@ -259,11 +260,39 @@ async def test_failed_or_abandoned_copies_leak_no_memory(sim: SimulatedDriver) -
             pool.close()
             scope.cancel()
         assert sim.statistics().live_host_buffers == 1  # the GPU may still write it
-        freeing = [thread for thread in threading.enumerate() if thread.name == "aiogpu-pinned-free"]
-        assert freeing
+        assert any(thread.name == "aiogpu-pinned-free" for thread in threading.enumerate())
         latch.release()
-        for thread in freeing:  # frees it once the copy is over
-            await anyio.to_thread.run_sync(thread.join, 10)
+        assert await anyio.to_thread.run_sync(_pinned.freer().wait_done, 10)  # freed once the copy is over
+        assert sim.statistics().live_host_buffers == 0
+
+
+async def test_a_copy_that_never_ends_holds_up_no_other_closed_pools_memory(
+    sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Closed pools' memory held by cancelled copies is freed by one thread for the process: it
+    # must not wait for one copy before freeing another's memory.
+    device = sim.device(0)
+    source = SimulatedArray(sim, bytes(16))
+    freed = threading.Event()
+    host_free = sim.host_free
+    monkeypatch.setattr(sim, "host_free", lambda pointer: (host_free(pointer), freed.set())[0])
+    pools = [aiogpu.PinnedPool(device), aiogpu.PinnedPool(device)]
+    with aiogpu.Stream(device) as stuck, aiogpu.Stream(device) as later, Latch(device) as held, Latch(device) as brief:
+        held.block(stuck)
+        brief.block(later)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(partial(aiogpu.copy_to_host, source, after=stuck, pool=pools[0]))
+            tg.start_soon(partial(aiogpu.copy_to_host, source, after=later, pool=pools[1]))
+            await anyio.wait_all_tasks_blocked()
+            for pool in pools:
+                pool.close()
+            tg.cancel_scope.cancel()
+        assert sim.statistics().live_host_buffers == 2
+        brief.release()
+        assert await anyio.to_thread.run_sync(freed.wait, 10)  # the later copy's memory, first
+        assert sim.statistics().live_host_buffers == 1
+        held.release()
+        assert await anyio.to_thread.run_sync(_pinned.freer().wait_done, 10)
         assert sim.statistics().live_host_buffers == 0
 
 

@@ -1037,7 +1037,7 @@ async def test_off_loop_strategies_never_watch_on_the_loop(
 async def test_waiter_and_timer_threads_ask_for_precise_sleeps(sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch) -> None:
     # Linux ends a thread's sleeps up to 50 µs late by default; these threads sleep until a
     # predicted completion (and the waiter threads pause between queries).
-    from aiogpu._wait import _timer
+    from aiogpu._wait import _daemon, _timer
 
     libc = ctypes.CDLL(None)
     pr_get_timerslack = 30
@@ -1068,7 +1068,7 @@ async def test_waiter_and_timer_threads_ask_for_precise_sleeps(sim: SimulatedDri
                 assert await anyio.to_thread.run_sync(seen.wait, 10.0)
                 work.release()
         assert await anyio.to_thread.run_sync(timer_fired.wait, 10.0)
-    assert slack == {"waiter": _timer.TIMER_SLACK_NS, "timer": _timer.TIMER_SLACK_NS}
+    assert slack == {"waiter": _daemon.TIMER_SLACK_NS, "timer": _daemon.TIMER_SLACK_NS}
 
 
 async def _thread_wait_pokes(sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch, estimate: float) -> int:

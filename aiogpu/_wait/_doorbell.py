@@ -15,16 +15,17 @@ watchdog), which surfaces the error as ``CudaError``.
 from __future__ import annotations
 
 import ctypes
-import threading
 import time
 from typing import TYPE_CHECKING
 
+from ._daemon import Daemon
 from ._per_process import PerProcess
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-IDLE_SECONDS = 10.0
+    from ._daemon import Next
+
 _SEM_T_SIZE = 64  # sizeof(sem_t) is 32 on 64-bit glibc; leave room
 
 
@@ -38,9 +39,9 @@ class Doorbell:
         self._semaphore = ctypes.create_string_buffer(_SEM_T_SIZE)
         if self._libc.sem_init(self._semaphore, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "sem_init failed")
-        self._lock = threading.Lock()
+        self._daemon = Daemon("aiogpu-doorbell", self._take)
+        self._lock = self._daemon.lock
         self._listeners: dict[Callable[[], bool], None] = {}
-        self._running = False
 
     @property
     def address(self) -> int:
@@ -64,29 +65,23 @@ class Doorbell:
         wait pending, it never ignores)."""
         with self._lock:
             self._listeners[poke] = None
-            if not self._running:
-                self._running = True
-                threading.Thread(target=self._run, name="aiogpu-doorbell", daemon=True).start()
+            self._daemon.wake()
 
     def ignore(self, poke: Callable[[], bool]) -> None:
         # No lock: ``dict.pop`` is atomic, and a finalizer may ignore (a driving wait's coroutine
         # collected with its loop) on a thread that holds the lock, interrupted by the collector.
         self._listeners.pop(poke, None)
 
-    def _run(self) -> None:
-        idle_since = time.monotonic()
-        while True:
-            # At a ring, and at least once a second: a loop closed with its wait pending right
-            # after the last ring is forgotten all the same (its poke fails), and a live one only
-            # sweeps once more.
-            self._wait(1.0)
-            self._poke_listeners()
-            with self._lock:
-                if self._listeners:
-                    idle_since = time.monotonic()
-                elif time.monotonic() - idle_since > IDLE_SECONDS:
-                    self._running = False
-                    return
+    def _take(self) -> Next:  # with self._lock held
+        # With nobody listening the thread waits for a listener, and exits after a while.
+        return self._round if self._listeners else None
+
+    def _round(self) -> None:
+        # At a ring, and at least once a second: a loop closed with its wait pending right after
+        # the last ring is forgotten all the same (its poke fails), and a live one only sweeps
+        # once more.
+        self._wait(1.0)
+        self._poke_listeners()
 
     def _poke_listeners(self) -> None:
         """A method of its own: the thread then waits for the next ring (up to a second) with no

@@ -22,8 +22,8 @@ import weakref
 from typing import TYPE_CHECKING
 
 from .. import _driver
+from ._daemon import Executor
 from ._per_process import PerProcess
-from ._timer import Timer
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -33,7 +33,8 @@ if TYPE_CHECKING:
     from . import WaitTarget
     from ._doorbell import Doorbell
 
-_armer = PerProcess(lambda: Timer("aiogpu-armer")).get
+#: The thread that arms waits, in the order they ask.
+_armer = PerProcess(lambda: Executor("aiogpu-armer")).get
 #: Helper streams per driver and context (only touched on the armer thread); a driver that is
 #: gone takes its handles with it, so a later driver can never be handed them.
 _helpers: weakref.WeakKeyDictionary[Driver, dict[int, list[int]]] = weakref.WeakKeyDictionary()
@@ -44,7 +45,7 @@ KEEP_IDLE_HELPERS = 16
 def arm(target: WaitTarget, doorbell: Doorbell, poke: Callable[[], object]) -> None:
     """Ring ``doorbell`` once ``target``'s recorded work is done; ``poke`` if arming fails."""
     target._lifetime.retain()  # the pending wait holds it; it must outlive the cuStreamWaitEvent below
-    _armer().call_at(0.0, lambda: _arm(target, doorbell, poke))
+    _armer().submit(lambda: _arm(target, doorbell, poke))
 
 
 def _arm(target: WaitTarget, doorbell: Doorbell, poke: Callable[[], object]) -> None:

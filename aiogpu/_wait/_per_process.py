@@ -1,8 +1,8 @@
 """One object per process, made on first use, made anew in a forked child.
 
-The engine's process-wide helpers (waiter pool, timer thread, doorbell) own threads, and
-threads do not survive ``fork()``: a child must not inherit the parent's objects, which would
-believe their threads exist. ``import aiogpu`` makes none of them.
+aiogpu's process-wide helpers (waiter pool, timer, doorbell, armer, pinned-memory freer) own
+threads (``_daemon``), and threads do not survive ``fork()``: a child must not inherit the
+parent's objects, which would believe their threads exist. ``import aiogpu`` makes none of them.
 """
 
 from __future__ import annotations

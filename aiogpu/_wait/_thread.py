@@ -2,8 +2,10 @@
 
 Invariants:
 
-- Only threads of this module (and the timer thread, which never calls the driver) run
-  outside an event loop on aiogpu's behalf, and only they may block in a driver call.
+- Only threads of this module wait for GPU work on a loop's behalf. Of aiogpu's other threads
+  (all started through ``_daemon``), the timer and the doorbell never call the driver; the
+  armer and the pinned-memory freer call it off every loop, for calls that may block
+  (creating a stream, freeing pinned memory), but only query completions.
 - One *job* per recording of an event (event object, record generation): every subscriber to
   that recording, from any loop, shares it. A *watch* (``watch_any``) of several events is a
   job of its own for one subscriber: a thread queries them in turn and ends at the first one
@@ -30,28 +32,30 @@ Invariants:
   cannot starve new ones; ``HARD_MAX_THREADS`` caps the total. Jobs beyond the
   bound queue in FIFO order (the wake engine polls their events meanwhile). A job keeps its
   event's handle alive until it ends, so a ``close()`` meanwhile is deferred, not unsafe.
-- Threads exit after ``IDLE_SECONDS`` without work: an idle process holds no waiter threads.
+- Threads exit after ``IDLE_SECONDS`` without work: an idle process holds no waiter threads
+  (``_daemon`` starts, names and retires them).
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
+from ._daemon import IDLE_SECONDS, Daemon
 from ._per_process import PerProcess
-from ._timer import precise_sleeps
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from . import WaitTarget
+    from ._daemon import Next
 
 MAX_THREADS = 32
 HARD_MAX_THREADS = 256
-IDLE_SECONDS = 10.0
 SPIN_SECONDS = 1e-3  # how long a thread watches closely around a predicted completion
 POLL_FIRST = 50e-6  # a thread's first pause between queries of an event that is not blocking-sync
 POLL_MAX = 1e-3  # each pause doubles, up to this
@@ -102,13 +106,14 @@ class PoolStatistics:
     subscribers: int
 
 
-#: ``_take_job``: jobs were dropped, and are released before the thread looks again.
-_RELEASE_FIRST = object()
-
-
 def _release_targets(job: _Job) -> None:
     for target in job.targets:
         target._lifetime.release()
+
+
+def _release_dropped(dropped: list[_Job]) -> None:
+    while dropped:  # no loop variable: the thread may idle next
+        _release_targets(dropped.pop())
 
 
 def _notify(subscribers: list[Subscriber]) -> None:
@@ -123,16 +128,11 @@ class _Pool:
     def __init__(self, max_threads: int, hard_max_threads: int, idle_seconds: float) -> None:
         self._max_threads = max_threads
         self._hard_max_threads = hard_max_threads
-        self._idle_seconds = idle_seconds
-        self._lock = threading.Lock()
-        self._work = threading.Condition(self._lock)  # notified: a job was queued
-        self._quiet = threading.Condition(self._lock)  # notified: no job left, or a thread exited
+        self._daemon = Daemon("aiogpu-waiter", self._take, idle_seconds=idle_seconds, precise=True, numbered=True)
+        self._lock = self._daemon.lock
+        self._quiet = threading.Condition(self._lock)  # notified: no job left
         self._queue: deque[_Job] = deque()
         self._jobs: dict[tuple[object, int], _Job] = {}
-        self._threads = 0
-        self._idle = 0
-        self._stop_idle = False
-        self._serial = 0
         self._watches = 0
 
     def subscribe(self, target: WaitTarget, notify: Callable[[], object], spin_from: float | None = None) -> Subscriber:
@@ -188,60 +188,32 @@ class _Pool:
         return sum(1 for job in self._jobs.values() if job.running and job.subscribers)
 
     def _dispatch(self) -> None:  # with self._lock held
-        if self._idle >= len(self._queue):
-            self._work.notify()
-        elif self._threads < self._hard_max_threads and self._serving() < self._max_threads:
-            self._threads += 1
-            self._serial += 1
-            threading.Thread(target=self._run, name=f"aiogpu-waiter-{self._serial}", daemon=True).start()
+        daemon = self._daemon
+        if daemon.waiting >= len(self._queue):
+            daemon.notify()
+        elif daemon.threads < self._hard_max_threads and self._serving() < self._max_threads:
+            daemon.start()
 
-    def _next_job(self) -> _Job | None:
-        """The next job with someone waiting for it, or ``None`` when this thread should exit."""
-        while True:
-            dropped: list[_Job] = []
-            with self._lock:
-                job = self._take_job(dropped)
-            while dropped:  # outside the lock: the release may destroy the event
-                _release_targets(dropped.pop())  # (no loop variable: the thread may idle next)
-            if job is not _RELEASE_FIRST:
-                return cast("_Job | None", job)
-
-    def _take_job(self, dropped: list[_Job]) -> _Job | object | None:  # with self._lock held
-        while True:
-            while self._queue:
-                job = self._queue.popleft()
-                if job.subscribers:
-                    job.running = True
-                    return job
-                self._forget(job)  # every subscriber left before it started
-                dropped.append(job)
-            if dropped:  # let go of their events before idling (a closed one is destroyed then)
-                return _RELEASE_FIRST
-            if not self._stop_idle:
-                self._idle += 1
-                notified = self._work.wait(self._idle_seconds)
-                self._idle -= 1
-                if notified or self._queue:
-                    continue
-            self._threads -= 1
-            self._quiet.notify_all()
-            return None
+    def _take(self) -> Next:  # with self._lock held: the next job someone waits for
+        dropped: list[_Job] = []
+        while self._queue:
+            job = self._queue.popleft()
+            if job.subscribers:
+                job.running = True
+                return functools.partial(self._serve, job, dropped)
+            self._forget(job)  # every subscriber left before it started
+            dropped.append(job)
+        if dropped:  # let go of their events before idling (a closed one is destroyed then)
+            return functools.partial(_release_dropped, dropped)
+        return None
 
     def _forget(self, job: _Job) -> None:  # with self._lock held
         del self._jobs[job.key]
         if not self._jobs:
             self._quiet.notify_all()
 
-    def _run(self) -> None:
-        precise_sleeps()  # its pauses and its sleep until a predicted completion
-        while (job := self._next_job()) is not None:
-            self._serve(job)
-            # The thread may idle for seconds: keep nothing alive meanwhile that the job referred
-            # to (its events, its subscribers' watchers: one of a loop dropped with waits
-            # pending would keep that loop alive).
-            del job
-
-    def _serve(self, job: _Job) -> None:
+    def _serve(self, job: _Job, dropped: list[_Job]) -> None:
+        _release_dropped(dropped)  # outside the lock: the release may destroy the event
         outcome: BaseException | None = None
         seen: tuple[float, int] | None = (0.0, -1)
         try:
@@ -356,8 +328,8 @@ class _Pool:
         with self._lock:
             running = [job for job in self._jobs.values() if job.running]
             return PoolStatistics(
-                threads=self._threads,
-                idle_threads=self._idle,
+                threads=self._daemon.threads,
+                idle_threads=self._daemon.waiting,
                 queued_jobs=len(self._queue),
                 running_jobs=len(running),
                 abandoned_jobs=sum(1 for job in running if not job.subscribers),
@@ -371,11 +343,7 @@ class _Pool:
 
     def stop_idle_threads(self, timeout: float = 5.0) -> None:
         """Make idle threads exit now (tests use it to count threads); busy ones stay."""
-        with self._lock:
-            self._stop_idle = True
-            self._work.notify_all()
-            self._quiet.wait_for(lambda: self._threads == sum(job.running for job in self._jobs.values()), timeout)
-            self._stop_idle = False
+        self._daemon.stop_idle(lambda: self._daemon.threads == sum(job.running for job in self._jobs.values()), timeout)
 
 
 #: The process's waiter pool, created on first use (``import aiogpu`` starts no thread).
