@@ -180,5 +180,6 @@ def test_the_overlap_benchmark_runs_on_the_simulated_device_against_its_floor(tm
     result = json.loads((tmp_path / "overlap.json").read_text())
     assert [row["way"] for row in result["rows"]] == ["auto", "poll", "thread", "callback", "to_thread", "query+sleep(0)"]
     for row in result["rows"]:
-        # Overlapped, the two tasks can beat running one after the other, never the floor.
-        assert row["floor_s"] * 0.95 <= row["wall_s"] <= row["serial_s"] * 1.2, row
+        # Overlapped, the two tasks can beat running one after the other, never the floor (the
+        # quick run lasts a few tens of ms: a shared host's stalls get 100 ms of slack).
+        assert row["floor_s"] * 0.95 <= row["wall_s"] <= row["serial_s"] * 1.2 + 0.1, row
