@@ -17,12 +17,13 @@ import weakref
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, final
 
-from ._device import Device, check_int
+from . import _wait
+from ._checks import check_flag, check_int
+from ._device import Device
 from ._driver import DEFAULT_STREAM_HANDLES, EVENT_INTERPROCESS, PER_THREAD_STREAM, STREAM_NON_BLOCKING, default_driver
-from ._event import Event, _check_flag
+from ._event import Event
 from ._foreign import check_address
 from ._lifetime import HandleLifetime
-from ._wait import _predict
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -59,10 +60,11 @@ _created = itertools.count(1)
 _by_wait_key: weakref.WeakValueDictionary[tuple[int, int, int], Stream] = weakref.WeakValueDictionary()
 
 
-def stream_of(stream_key: object) -> Stream | None:
-    """The live Stream an event's ``_stream_key`` names; ``None`` for an event's own queue
-    (recorded by its owner, or interprocess) or a Stream no longer referred to."""
-    if not isinstance(stream_key, tuple) or stream_key[0] == "event":
+def stream_of(event: Event) -> Stream | None:
+    """The live Stream ``event`` was last recorded on; ``None`` for an event on a queue of its
+    own (recorded by its owner, or interprocess) or a Stream no longer referred to."""
+    stream_key = event._stream_key
+    if not isinstance(stream_key, tuple) or _wait.is_own_stream_key(stream_key):
         return None
     if len(stream_key) == 4:  # ``(device, handle, "thread", thread)``: a per-thread default stream
         stream_key = (stream_key[0], stream_key[1], 0)
@@ -130,7 +132,7 @@ class Stream:
             device = Device(0)
         elif not isinstance(device, Device):
             raise TypeError(f"device must be an aiogpu.Device, got {device!r}")
-        flags = STREAM_NON_BLOCKING if _check_flag("nonblocking", nonblocking) else 0
+        flags = STREAM_NON_BLOCKING if check_flag("nonblocking", nonblocking) else 0
         driver = device._driver
         with device._activated():
             lowest, highest = driver.stream_priority_range()
@@ -297,7 +299,7 @@ class Stream:
         if event._owner is not None or event._flags & EVENT_INTERPROCESS:
             # Its owner, or another process, may re-record it behind our back: then it says nothing
             # about this stream's other work (nor they about it). A queue of its own.
-            key = ("event", id(event))
+            key = _wait.own_stream_key(event)
         with _recording, self._context():
             self._driver.event_record(event._handle, self._handle)
             event._mark_recorded(key)
@@ -374,7 +376,7 @@ class Stream:
         Work already enqueued still runs to completion (``cuStreamDestroy`` semantics).
         """
         if self.is_owned and not self._lifetime.closed:
-            _predict.forget(self._wait_key)
+            _wait.forget_stream(self._wait_key)
         self._lifetime.close()
         self._owner = None
 
