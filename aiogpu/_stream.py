@@ -17,12 +17,11 @@ import weakref
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, final
 
-from . import _wait
+from . import _foreign, _wait
 from ._checks import check_flag, check_int
 from ._device import Device
 from ._driver import DEFAULT_STREAM_HANDLES, EVENT_INTERPROCESS, PER_THREAD_STREAM, STREAM_NON_BLOCKING, default_driver
 from ._event import Event
-from ._foreign import check_address
 from ._lifetime import HandleLifetime
 
 if TYPE_CHECKING:
@@ -69,29 +68,6 @@ def stream_of(event: Event) -> Stream | None:
     if len(stream_key) == 4:  # ``(device, handle, "thread", thread)``: a per-thread default stream
         stream_key = (stream_key[0], stream_key[1], 0)
     return _by_wait_key.get(stream_key)
-
-
-def foreign_stream_handle(obj: object) -> int:
-    """The ``CUstream`` address of ``obj``: an ``int`` or any ``__cuda_stream__`` object."""
-    if isinstance(obj, bool):
-        raise TypeError(f"cannot adopt {obj!r} as a stream")
-    if isinstance(obj, int):
-        return check_address(obj, "a stream handle")
-    protocol = getattr(type(obj), "__cuda_stream__", None)
-    if protocol is None:
-        raise TypeError(
-            f"cannot adopt {type(obj).__name__} as a stream: expected an object with a "
-            "__cuda_stream__() method (torch, CuPy, Numba and cuda.core streams have one) "
-            "or a raw CUstream handle (int)"
-        )
-    if not callable(protocol):
-        raise TypeError(f"{type(obj).__name__}.__cuda_stream__ must be a method returning (0, handle)")
-    info = obj.__cuda_stream__()  # type: ignore[attr-defined]
-    if not (isinstance(info, tuple) and len(info) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in info)):
-        raise TypeError(f"{type(obj).__name__}.__cuda_stream__() must return (version, handle) ints, got {info!r}")
-    if info[0] != 0:
-        raise ValueError(f"{type(obj).__name__}.__cuda_stream__() has protocol version {info[0]}; aiogpu understands version 0")
-    return check_address(info[1], "a stream handle")
 
 
 @final
@@ -185,7 +161,7 @@ class Stream:
             return obj
         if device is not None and not isinstance(device, Device):
             raise TypeError(f"device must be an aiogpu.Device, got {device!r}")
-        handle = foreign_stream_handle(obj)
+        handle = _foreign.stream_handle(obj)
         driver = device._driver if device is not None else default_driver()
         driver.init()
         if handle in DEFAULT_STREAM_HANDLES:
