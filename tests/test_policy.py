@@ -56,18 +56,30 @@ def test_back_off_doubles_to_its_cap_within_the_jitter(mode: str, monkeypatch: p
     assert len({round(pause / first, 6) for pause in pauses}) > 3, "the pauses are not jittered"
 
 
+def _watch(mode: str, estimate: float, lateness: float) -> tuple[float, float]:
+    """When the close watch of a head whose work started at 0 starts and ends."""
+    watch_from, watch_until, *_ = _policy.plan_head(mode, 0.0, estimate, lateness, 0.0, False)  # type: ignore[arg-type]
+    return watch_from, watch_until
+
+
 def test_auto_starts_its_watch_earlier_by_its_lateness_up_to_a_share_of_the_work() -> None:
     lead, share = _policy.LEAD["auto"], _policy.LATENESS_SHARE
-    assert _policy.lead("auto", 10e-3, 0.0) == lead
-    assert _policy.lead("auto", 10e-3, 100e-6) == pytest.approx(lead + 100e-6)  # below the cap
-    assert _policy.lead("auto", 1e-3, 1e-3) == pytest.approx(lead + share * 1e-3)  # capped
+    assert _watch("auto", 10e-3, 0.0)[0] == pytest.approx(10e-3 - lead)
+    assert _watch("auto", 10e-3, 100e-6)[0] == pytest.approx(10e-3 - lead - 100e-6)  # below the cap
+    assert _watch("auto", 1e-3, 1e-3)[0] == pytest.approx(1e-3 - lead - share * 1e-3)  # capped
     for mode in ("poll", "thread", "callback"):
-        assert _policy.lead(mode, 10e-3, 1e-3) == _policy.LEAD[mode]  # type: ignore[arg-type]
+        assert _watch(mode, 10e-3, 1e-3)[0] == pytest.approx(10e-3 - _policy.LEAD[mode])  # lateness is auto's
 
 
 def test_a_close_watch_goes_on_past_the_prediction_by_a_share_of_it_and_a_minimum() -> None:
-    assert _policy.watch_past_prediction(1e-6) == _policy.WATCH_PAST_MIN
-    assert _policy.watch_past_prediction(10e-3) == pytest.approx(_policy.WATCH_PAST_SHARE * 10e-3)
+    assert _watch("auto", 1e-6, 0.0)[1] == pytest.approx(1e-6 + _policy.WATCH_PAST_MIN)
+    assert _watch("auto", 10e-3, 0.0)[1] == pytest.approx(10e-3 * (1 + _policy.WATCH_PAST_SHARE))
+
+
+def test_the_planners_read_the_tunables_at_call_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(_policy.LEAD, "auto", 0.0)  # a benchmark switching a heuristic off
+    monkeypatch.setattr(_policy, "LATENESS_SHARE", 0.0)
+    assert _watch("auto", 10e-3, 1e-3)[0] == 10e-3
 
 
 @pytest.mark.parametrize("mode", MODES)

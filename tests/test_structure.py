@@ -224,3 +224,18 @@ def test_modules_and_functions_stay_small() -> None:
 
 def test_the_split_in_progress_list_names_real_files() -> None:
     assert {name for name in TOO_LONG_FOR_NOW if not (PACKAGE / name).exists()} == set()
+
+
+def test_the_wake_engine_is_reached_only_through_its_face() -> None:
+    # ``aiogpu._wait`` (its ``__init__``) is the engine's whole public face.
+    reached = []
+    for module in MODULES.values():
+        if module.name.startswith("aiogpu._wait"):
+            continue
+        for node, _ in module.imports:
+            reached += [
+                f"{module.relative}:{node.lineno} imports {target}"
+                for target, _ in _targets(module, node)
+                if target.startswith("aiogpu._wait.")
+            ]
+    assert reached == []

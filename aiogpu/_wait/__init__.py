@@ -24,10 +24,10 @@
     A pending host function holds up device work added to other streams later (``_helpers``).
 
 All four share one watcher per loop (``_watcher``), which queries only the oldest pending
-wait of each stream (``_sweep``), so ten thousand waits cost about as much as the streams they
-are on. ``Event.wait`` is this module's ``wait`` coroutine itself: it checks the event, queries it once
-(done: a checkpoint and nothing more) and otherwise joins or opens the watcher's entry for that
-recording, which keeps the handle alive while pending. The rules that pick between the
+wait of each stream (``_sweep``), so ten thousand waits cost about as much as the streams
+they are on. ``Event.wait`` is this module's ``wait`` coroutine itself: it checks the event,
+queries it once (done: a checkpoint and nothing more) and otherwise joins or opens the
+watcher's entry for that recording, which keeps the handle alive while pending. The rules that pick between the
 strategies' behaviours live in ``_policy`` (its ``WATCH_UNPREDICTED``, ``LEAD`` and
 ``COLD_POLL`` tables), measured in ``benchmarks/wake.py``.
 
@@ -35,7 +35,9 @@ The engine's rooms, each with one job: ``_recording`` (what it keeps on an event
 ``_entries`` (per awaited recording and per stream), ``_sweep`` (query each stream's oldest
 wait, complete in order), ``_plan`` (how each head is watched), ``_watcher`` (drive, park, hand
 over), ``_registry`` (one watcher per loop), ``_policy`` (every tunable and pure planner).
-This module is their whole face to the rest of aiogpu.
+The watcher is one class in three layers, ``Sweep`` < ``Planner`` < ``Watcher``, so that the
+wake-up path calls its methods with no hop between objects. This module is the engine's whole
+face to the rest of aiogpu: nothing outside ``_wait`` imports its private modules.
 """
 
 from __future__ import annotations

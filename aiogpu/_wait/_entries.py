@@ -37,7 +37,7 @@ class Entry:
 
     It holds no reference to the recording's time or sequence number: those are the event's
     own (``_recorded_at``, ``_record_sequence``), read there while the event still holds this
-    recording (``generation``: ``Sweep.enqueue``, ``Watcher._new_head``). Each is an object of
+    recording (``generation``: ``Sweep.enqueue``, ``Planner._new_head``). Each is an object of
     its own, untouched from the recording until the entry is freed as its task ends, so holding
     them would cost two cache misses per completed wait, which a fan-out of waits on events of
     their own pays thousands of times (``benchmarks/wake.py``'s fan-outs time this path).

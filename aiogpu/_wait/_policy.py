@@ -125,21 +125,6 @@ def warm_beat(now: float, wake_at: float) -> float:
     return now + beat
 
 
-def watch_past_prediction(estimate: float) -> float:
-    """How long a close watch goes on past the predicted completion of work of ``estimate``."""
-    return max(WATCH_PAST_MIN, WATCH_PAST_SHARE * estimate)
-
-
-def lead(mode: WaitStrategy, estimate: float, lateness: float) -> float:
-    """How long before the predicted completion the close watch starts: ``mode``'s ``LEAD``,
-    and for ``auto`` the lateness of its precise wake-ups, up to ``LATENESS_SHARE`` of the
-    predicted duration."""
-    ahead = LEAD[mode]
-    if mode == "auto" and lateness:
-        ahead += min(lateness, LATENESS_SHARE * estimate)
-    return ahead
-
-
 def plan_head(
     mode: WaitStrategy, start: float, estimate: float | None, lateness: float, now: float, after_progress: bool
 ) -> tuple[float, float, float, float, float]:
@@ -149,14 +134,22 @@ def plan_head(
     (from now when nothing is predicted; around the predicted completion otherwise), the watch
     kept up after the stream made progress, the first back-off query after those and the pause
     before it.
+
+    A predicted watch starts ``LEAD`` before the predicted completion; ``auto``'s also by the
+    ``lateness`` of its precise wake-ups, up to ``LATENESS_SHARE`` of the predicted duration.
+    It goes on past the prediction by ``WATCH_PAST_SHARE`` of it, at least ``WATCH_PAST_MIN``.
+    Runs for every new head (written out: a call more is a share of a wait's cost).
     """
     backoff = COLD_POLL[mode][0]
     if estimate is None:
         watch_from, watch_until = now, now + WATCH_UNPREDICTED[mode]
     else:
         expected = start + estimate
-        watch_from = expected - lead(mode, estimate, lateness)
-        watch_until = expected + watch_past_prediction(estimate)
+        lead = LEAD[mode]
+        if mode == "auto" and lateness:
+            lead += min(lateness, LATENESS_SHARE * estimate)
+        watch_from = expected - lead
+        watch_until = expected + max(WATCH_PAST_MIN, WATCH_PAST_SHARE * estimate)
     momentum_until = now + WATCH_AFTER_PROGRESS[mode] if after_progress else 0.0
     next_poll = max(now, watch_until, momentum_until) + backoff
     return watch_from, watch_until, momentum_until, next_poll, backoff

@@ -17,7 +17,7 @@ Rules this file keeps:
 4. Query failures (``CudaError``, for example a sticky kernel fault) are delivered to every
    waiter of that stream; nothing raised here reaches the loop.
 5. How to watch a queue's new head is not decided here: ``_new_head`` and ``_drop_backstop``
-   are the watcher's (``_watcher``).
+   are the planner's (``_plan``).
 """
 
 from __future__ import annotations
@@ -150,13 +150,16 @@ class Sweep:
         known_pending: Entry | None = None  # asked during the burst search: not asked again
         in_a_row = 0
         while entries:
-            if self._drop_unwaited_head(entries, stale):
-                popped = True
-                continue
             entry = entries[0]
             target = entry.target
+            if not entry.waiters or target._generation != entry.generation:
+                entries.popleft()  # every task waiting for it left, or re-recorded: it now waits
+                if entry.waiters:  # for the new recording, and is queued anew
+                    stale.append(entry)
+                popped = True
+                continue
             try:
-                if not popped and self._backstop_saw_head_done(queue):
+                if not popped and queue.backstop is not None and self._backstop_saw_head_done(queue):
                     done = True  # the head's waiter thread saw it complete: no need to ask again
                 elif entry is known_pending:
                     done = False
@@ -186,19 +189,6 @@ class Sweep:
         self._swept(queue, now, popped, completed, stale)
 
     @staticmethod
-    def _drop_unwaited_head(entries: deque[Entry], stale: list[Entry]) -> bool:
-        """Drop the head if no task waits for it as recorded (``stale``: re-recorded since)."""
-        entry = entries[0]
-        if not entry.waiters:
-            entries.popleft()  # every task waiting for it left
-            return True
-        if entry.target._generation != entry.generation:
-            entries.popleft()  # re-recorded: it now waits for the new recording
-            stale.append(entry)
-            return True
-        return False
-
-    @staticmethod
     def _backstop_saw_head_done(queue: Queue) -> bool:
         """Whether the head's waiter thread saw it complete."""
         backstop = queue.backstop
@@ -210,8 +200,8 @@ class Sweep:
         )
 
     def _burst(self, queue: Queue, stale: list[Entry]) -> tuple[int, Entry | None]:
-        """Two done in a row: find the newest entry done (``last_done``) and complete the ones
-        after the head up to it. Returns its position and the entry found pending after it."""
+        """Two done in a row: find the newest entry done (``last_done``) and complete the head
+        and every entry up to it. Returns its position and the entry found pending after it."""
         entries = queue.entries
         last, pending = last_done(entries)
         self._behind = pending is None
@@ -271,7 +261,7 @@ class Sweep:
             if not entry.waiters:
                 continue
             target = entry.target
-            if stale is not None and target._generation != entry.generation:
+            if target._generation != entry.generation and stale is not None:
                 stale.append(entry)
                 continue
             if target._waiting is entry:
