@@ -48,6 +48,8 @@ import time
 from . import _holds, _predict
 from ._entries import Entry, joinable
 from ._recording import Recording as Recording  # noqa: TC001 (``Event``'s base type)
+from ._recording import is_own_stream_key as is_own_stream_key
+from ._recording import own_stream_key as own_stream_key
 from ._registry import current
 from ._strategy import OFF_LOOP
 from ._strategy import STRATEGIES as STRATEGIES
@@ -73,17 +75,6 @@ def forget_stream(key: object) -> None:
     """Drop what the engine learned about the stream ``key`` names (it was destroyed, and its
     handle may be reused)."""
     _predict.forget(key)
-
-
-def own_stream_key(event: Recording) -> tuple[str, int]:
-    """The stream key of an event queued on its own: recorded by another owner or process, its
-    recordings say nothing about any stream's other work."""
-    return ("event", id(event))
-
-
-def is_own_stream_key(key: object) -> bool:
-    """Whether ``key`` is an ``own_stream_key``, which names no stream."""
-    return isinstance(key, tuple) and key[0] == "event"
 
 
 async def wait(target: Recording, *, strategy: WaitStrategy | None = None) -> None:

@@ -29,6 +29,18 @@ if TYPE_CHECKING:
 _record_sequence = itertools.count()
 
 
+def own_stream_key(recording: Recording) -> tuple[str, int]:
+    """The stream key of an event queued on its own: never recorded, or recorded by another
+    owner or process, its recordings say nothing about any stream's other work (nor it of
+    theirs). Every other key is a stream's (``Stream``'s ``_wait_key``)."""
+    return ("event", id(recording))
+
+
+def is_own_stream_key(key: object) -> bool:
+    """Whether ``key`` is an ``own_stream_key``, which names no stream."""
+    return isinstance(key, tuple) and key[0] == "event"
+
+
 class Recording:
     """An event's engine state: which handle, which recording, on which stream, and who waits."""
 
@@ -70,7 +82,7 @@ class Recording:
         """Set the state of a new event: ``recorded`` or not, on a queue of its own until it is."""
         self._recorded = recorded
         self._generation = 0
-        self._stream_key = ("event", id(self))
+        self._stream_key = own_stream_key(self)
         self._recorded_at = time.perf_counter()
         self._record_sequence = next(_record_sequence)
         self._waiting = None
