@@ -146,9 +146,8 @@ class Sweep:
         entries = queue.entries
         popped = completed = False
         stale: list[Entry] = []  # re-recorded entries, queued anew once this queue is swept
-        tail_asked = False
         known_pending: Entry | None = None  # asked during the burst search: not asked again
-        in_a_row = 0
+        tail_asked, in_a_row = False, 0
         while entries:
             entry = entries[0]
             target = entry.target
@@ -186,7 +185,13 @@ class Sweep:
             popped = True
             in_a_row += 1
             self._complete_oldest(queue, 1, None)
-        self._swept(queue, now, popped, completed, stale)
+        if completed:
+            queue.previous_done = now
+        queue.progressed = completed
+        if popped and entries:
+            self._new_head(queue, now, after_progress=completed)
+        for entry in stale:
+            self._rekey(entry, now)
 
     @staticmethod
     def _backstop_saw_head_done(queue: Queue) -> bool:
@@ -209,17 +214,6 @@ class Sweep:
         if last:
             self._complete_oldest(queue, last + 1, stale)
         return last, known_pending
-
-    def _swept(self, queue: Queue, now: float, popped: bool, completed: bool, stale: list[Entry]) -> None:
-        """After a queue's sweep: note its progress, plan its new head, re-queue ``stale``."""
-        entries = queue.entries
-        if completed:
-            queue.previous_done = now
-        queue.progressed = completed
-        if popped and entries:
-            self._new_head(queue, now, after_progress=completed)
-        for entry in stale:
-            self._rekey(entry, now)
 
     def _all_done(self, queue: Queue, now: float, stale: list[Entry]) -> bool:
         """While the loop is behind the GPU: ask the queue's newest entry first, and complete
