@@ -11,11 +11,11 @@ leaves its context current behind the user's back: creation calls push it and po
 
 from __future__ import annotations
 
-import operator
 import threading
 from typing import TYPE_CHECKING, final
 
 from . import _driver
+from ._checks import check_int as check_int  # (``_transfer`` imports it from here)
 from ._errors import CudaUnavailableError
 
 if TYPE_CHECKING:
@@ -33,16 +33,6 @@ def _devices_of(driver: Driver) -> dict[int, Device]:
         devices = {}
         driver._aiogpu_devices = devices  # type: ignore[attr-defined]
     return devices
-
-
-def check_int(what: str, value: object) -> int:
-    """``value`` as an ``int`` (anything with ``__index__`` but a bool), else a ``TypeError``."""
-    if not isinstance(value, bool):
-        try:
-            return operator.index(value)  # type: ignore[arg-type]
-        except TypeError:
-            pass
-    raise TypeError(f"{what} must be an int, got {value!r} ({type(value).__name__})")
 
 
 @final

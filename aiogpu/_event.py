@@ -13,27 +13,23 @@
 from __future__ import annotations
 
 import functools
-import itertools
 import os
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, final
 
-from . import _driver, _foreign, _wait
+from . import _foreign, _wait
+from ._checks import check_flag
 from ._device import Device
 from ._driver import EVENT_BLOCKING_SYNC, EVENT_DISABLE_TIMING, EVENT_INTERPROCESS, IPC_HANDLE_SIZE
 from ._errors import EventStateError
 from ._lifetime import HandleLifetime
+from ._wait import Recording
 
 if TYPE_CHECKING:
     from collections.abc import Generator
     from types import TracebackType
 
     from ._stream import Stream
-    from ._wait._watcher import _Entry
-
-
-_record_sequence = itertools.count()
 
 
 @final
@@ -60,12 +56,6 @@ class IpcEventHandle:
                 raise TypeError(f"IpcEventHandle.{name} must be a non-negative int, got {value!r}")
 
 
-def _check_flag(name: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {value!r}")
-    return value
-
-
 @functools.cache
 def _stream_type() -> type[Stream]:
     """``aiogpu.Stream``, imported at first use (a cycle: streams record events), not at every
@@ -76,7 +66,7 @@ def _stream_type() -> type[Stream]:
 
 
 @final
-class Event:
+class Event(Recording):
     """A CUDA event: records a point in a stream's work; awaitable from async code.
 
     ``Event(device, ...)`` creates an unrecorded event; :meth:`record` (or
@@ -97,38 +87,12 @@ class Event:
         ValueError: ``interprocess=True`` together with ``timing=True``.
     """
 
-    __slots__ = (
-        "__weakref__",
-        "_device",
-        "_driver",
-        "_flags",
-        "_generation",
-        "_handle",
-        "_home_closing",
-        "_home_uses",
-        "_lifetime",
-        "_owner",
-        "_record_sequence",
-        "_recorded",
-        "_recorded_at",
-        "_stream_key",
-        "_waiting",
-    )
+    # The wake engine's state is the base type's (``_wait.Recording``): its device, driver,
+    # handle, lifetime and recordings.
+    __slots__ = ("__weakref__", "_flags", "_owner")
 
-    _device: Device
-    _driver: _driver.Driver
-    _handle: int
     _flags: int
-    _lifetime: HandleLifetime
     _owner: object  # an adopted event's owner, kept alive while the wrapper is open
-    _recorded: bool
-    _generation: int  # how many times recorded: a wait is for one recording
-    _stream_key: object  # the stream of the last recording: the wake engine queues per stream
-    _recorded_at: float  # time.perf_counter() of the last recording
-    _record_sequence: int  # process-wide order of recordings (streams complete in this order)
-    _waiting: _Entry | None  # the wake engine's entry that new waits for this recording join
-    _home_uses: int  # pending waits of its home loop, which only that loop's thread counts (``_wait._holds``)
-    _home_closing: bool  # closed while some were pending: the last one lets go of the handle
 
     def __init__(
         self,
@@ -142,9 +106,9 @@ class Event:
             device = Device(0)
         elif not isinstance(device, Device):
             raise TypeError(f"device must be an aiogpu.Device, got {device!r}")
-        timing = _check_flag("timing", timing)
-        blocking_sync = _check_flag("blocking_sync", blocking_sync)
-        interprocess = _check_flag("interprocess", interprocess)
+        timing = check_flag("timing", timing)
+        blocking_sync = check_flag("blocking_sync", blocking_sync)
+        interprocess = check_flag("interprocess", interprocess)
         if interprocess and timing:
             raise ValueError(
                 "an interprocess event cannot record timing (CUDA requires timing disabled on "
@@ -165,14 +129,7 @@ class Event:
         self._handle = handle
         self._owner = owner
         self._flags = flags
-        self._recorded = recorded
-        self._generation = 0
-        self._stream_key = ("event", id(self))  # until recorded: its own queue
-        self._recorded_at = time.perf_counter()
-        self._record_sequence = next(_record_sequence)
-        self._waiting = None
-        self._home_uses = 0
-        self._home_closing = False
+        self._begin(recorded=recorded)
         destroy = device._driver.event_destroy if owner is None else None  # never destroy a borrowed event
         self._lifetime = HandleLifetime(self, "Event", handle, destroy)
 
@@ -294,14 +251,6 @@ class Event:
                 f"record() expects an aiogpu.Stream, got {stream!r}; adopt foreign streams with aiogpu.Stream.adopt(obj)"
             )
         stream._record_event(self)
-
-    def _mark_recorded(self, stream_key: object) -> None:
-        self._recorded = True
-        self._generation += 1
-        self._waiting = None  # no wait joins the last recording's entry: let go of it (``close``)
-        self._stream_key = stream_key
-        self._recorded_at = time.perf_counter()
-        self._record_sequence = next(_record_sequence)
 
     def synchronize(self) -> None:
         """Block the calling thread until the captured work has completed.
@@ -426,14 +375,6 @@ class Event:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.close()
-
-    def _check_recorded(self, action: str) -> None:
-        self._lifetime.check_open()
-        if not self._recorded:
-            raise EventStateError(
-                f"cannot {action} an event that was never recorded (CUDA would report it as "
-                "complete): call event.record(stream) or stream.record() first"
-            )
 
     def __repr__(self) -> str:
         state = "closed" if self._lifetime.closed else "recorded" if self._recorded else "unrecorded"

@@ -13,6 +13,9 @@ differently, and only some say which device the event belongs to or how it was c
 
 The driver has no call that maps an event to its context, so where the object does not say,
 the caller must.
+
+``Stream.adopt`` reads a stream's ``CUstream`` address the same way, through the
+``__cuda_stream__`` protocol (``stream_handle``).
 """
 
 from __future__ import annotations
@@ -140,3 +143,26 @@ def describe_array(obj: object) -> DeviceArray:
         ) != tuple(stride for stride, extent in zip(reversed(expected), shape, strict=True) if extent > 1):
             raise ValueError(f"the CUDA array is not C-contiguous (strides {strides}); make a contiguous copy first")
     return DeviceArray(check_address(pointer or 0, "a CUDA array's data pointer"), count * itemsize, bool(readonly))
+
+
+def stream_handle(obj: object) -> int:
+    """The ``CUstream`` address of ``obj``: an ``int`` or any ``__cuda_stream__`` object."""
+    if isinstance(obj, bool):
+        raise TypeError(f"cannot adopt {obj!r} as a stream")
+    if isinstance(obj, int):
+        return check_address(obj, "a stream handle")
+    protocol = getattr(type(obj), "__cuda_stream__", None)
+    if protocol is None:
+        raise TypeError(
+            f"cannot adopt {type(obj).__name__} as a stream: expected an object with a "
+            "__cuda_stream__() method (torch, CuPy, Numba and cuda.core streams have one) "
+            "or a raw CUstream handle (int)"
+        )
+    if not callable(protocol):
+        raise TypeError(f"{type(obj).__name__}.__cuda_stream__ must be a method returning (0, handle)")
+    info = obj.__cuda_stream__()  # type: ignore[attr-defined]
+    if not (isinstance(info, tuple) and len(info) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in info)):
+        raise TypeError(f"{type(obj).__name__}.__cuda_stream__() must return (version, handle) ints, got {info!r}")
+    if info[0] != 0:
+        raise ValueError(f"{type(obj).__name__}.__cuda_stream__() has protocol version {info[0]}; aiogpu understands version 0")
+    return check_address(info[1], "a stream handle")

@@ -10,15 +10,15 @@ threshold, once.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NoReturn
 
 import anyio
 
+from . import _wait
+from ._checks import check_seconds
 from ._stream import stream_of
-from ._wait import _watcher
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -65,9 +65,9 @@ def pending_waits() -> list[PendingWait]:
     """
     now = time.perf_counter()  # the engine's clock
     waits = []
-    for entry in _watcher.current().pending():
+    for entry in _wait.pending():
         event: Event = entry.target  # type: ignore[assignment]
-        stream = stream_of(event._stream_key)
+        stream = stream_of(event)
         waits.append(PendingWait(event, stream, event.device, now - entry.started, entry.waiters, entry.mode, _key=entry.serial))
     return waits
 
@@ -118,8 +118,8 @@ async def watch_for_hangs(
         TypeError: ``threshold``, ``interval`` or ``on_hang`` has the wrong type.
         ValueError: ``threshold`` or ``interval`` is not a positive finite number.
     """
-    threshold = _check_seconds("threshold", threshold)
-    interval = threshold / 4 if interval is None else _check_seconds("interval", interval)
+    threshold = check_seconds("threshold", threshold)
+    interval = threshold / 4 if interval is None else check_seconds("interval", interval)
     if on_hang is not None and not callable(on_hang):
         raise TypeError(f"on_hang must be callable, got {on_hang!r}")
     report = _log_hang if on_hang is None else on_hang
@@ -132,11 +132,3 @@ async def watch_for_hangs(
             if wait.age >= threshold and wait._key not in reported:
                 reported.add(wait._key)
                 report(wait)
-
-
-def _check_seconds(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds, got {value!r}")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a positive finite number of seconds, got {value!r}")
-    return float(value)

@@ -32,7 +32,8 @@ import anyio
 import anyio.lowlevel
 
 from . import _loop
-from ._device import Device, check_int
+from ._checks import check_int
+from ._device import Device
 from ._errors import ClosedResourceError
 from ._stream import Stream
 

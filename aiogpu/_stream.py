@@ -17,12 +17,12 @@ import weakref
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, final
 
-from ._device import Device, check_int
+from . import _foreign, _wait
+from ._checks import check_flag, check_int
+from ._device import Device
 from ._driver import DEFAULT_STREAM_HANDLES, EVENT_INTERPROCESS, PER_THREAD_STREAM, STREAM_NON_BLOCKING, default_driver
-from ._event import Event, _check_flag
-from ._foreign import check_address
+from ._event import Event
 from ._lifetime import HandleLifetime
-from ._wait import _predict
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -59,37 +59,15 @@ _created = itertools.count(1)
 _by_wait_key: weakref.WeakValueDictionary[tuple[int, int, int], Stream] = weakref.WeakValueDictionary()
 
 
-def stream_of(stream_key: object) -> Stream | None:
-    """The live Stream an event's ``_stream_key`` names; ``None`` for an event's own queue
-    (recorded by its owner, or interprocess) or a Stream no longer referred to."""
-    if not isinstance(stream_key, tuple) or stream_key[0] == "event":
+def stream_of(event: Event) -> Stream | None:
+    """The live Stream ``event`` was last recorded on; ``None`` for an event on a queue of its
+    own (recorded by its owner, or interprocess) or a Stream no longer referred to."""
+    stream_key = event._stream_key
+    if not isinstance(stream_key, tuple) or _wait.is_own_stream_key(stream_key):
         return None
     if len(stream_key) == 4:  # ``(device, handle, "thread", thread)``: a per-thread default stream
         stream_key = (stream_key[0], stream_key[1], 0)
     return _by_wait_key.get(stream_key)
-
-
-def foreign_stream_handle(obj: object) -> int:
-    """The ``CUstream`` address of ``obj``: an ``int`` or any ``__cuda_stream__`` object."""
-    if isinstance(obj, bool):
-        raise TypeError(f"cannot adopt {obj!r} as a stream")
-    if isinstance(obj, int):
-        return check_address(obj, "a stream handle")
-    protocol = getattr(type(obj), "__cuda_stream__", None)
-    if protocol is None:
-        raise TypeError(
-            f"cannot adopt {type(obj).__name__} as a stream: expected an object with a "
-            "__cuda_stream__() method (torch, CuPy, Numba and cuda.core streams have one) "
-            "or a raw CUstream handle (int)"
-        )
-    if not callable(protocol):
-        raise TypeError(f"{type(obj).__name__}.__cuda_stream__ must be a method returning (0, handle)")
-    info = obj.__cuda_stream__()  # type: ignore[attr-defined]
-    if not (isinstance(info, tuple) and len(info) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in info)):
-        raise TypeError(f"{type(obj).__name__}.__cuda_stream__() must return (version, handle) ints, got {info!r}")
-    if info[0] != 0:
-        raise ValueError(f"{type(obj).__name__}.__cuda_stream__() has protocol version {info[0]}; aiogpu understands version 0")
-    return check_address(info[1], "a stream handle")
 
 
 @final
@@ -130,7 +108,7 @@ class Stream:
             device = Device(0)
         elif not isinstance(device, Device):
             raise TypeError(f"device must be an aiogpu.Device, got {device!r}")
-        flags = STREAM_NON_BLOCKING if _check_flag("nonblocking", nonblocking) else 0
+        flags = STREAM_NON_BLOCKING if check_flag("nonblocking", nonblocking) else 0
         driver = device._driver
         with device._activated():
             lowest, highest = driver.stream_priority_range()
@@ -183,7 +161,7 @@ class Stream:
             return obj
         if device is not None and not isinstance(device, Device):
             raise TypeError(f"device must be an aiogpu.Device, got {device!r}")
-        handle = foreign_stream_handle(obj)
+        handle = _foreign.stream_handle(obj)
         driver = device._driver if device is not None else default_driver()
         driver.init()
         if handle in DEFAULT_STREAM_HANDLES:
@@ -297,7 +275,7 @@ class Stream:
         if event._owner is not None or event._flags & EVENT_INTERPROCESS:
             # Its owner, or another process, may re-record it behind our back: then it says nothing
             # about this stream's other work (nor they about it). A queue of its own.
-            key = ("event", id(event))
+            key = _wait.own_stream_key(event)
         with _recording, self._context():
             self._driver.event_record(event._handle, self._handle)
             event._mark_recorded(key)
@@ -374,7 +352,7 @@ class Stream:
         Work already enqueued still runs to completion (``cuStreamDestroy`` semantics).
         """
         if self.is_owned and not self._lifetime.closed:
-            _predict.forget(self._wait_key)
+            _wait.forget_stream(self._wait_key)
         self._lifetime.close()
         self._owner = None
 

@@ -18,7 +18,7 @@ import anyio.lowlevel
 import pytest
 
 import aiogpu
-from aiogpu._wait._watcher import AUTO_WATCH_MAX
+from aiogpu._wait import _policy
 from aiogpu.testing import Latch, launch_spin
 from tests.helpers import in_waiter_thread, settle_waiter_threads
 
@@ -345,7 +345,7 @@ class Contract:
         if strategy == "callback":
             pytest.skip("a pending host function delays device work added to other streams afterwards (CUDA documents it)")
         held_count = 8
-        polled_events = {"poll": 0, "auto": min(held_count, AUTO_WATCH_MAX)}.get(strategy, held_count)
+        polled_events = {"poll": 0, "auto": min(held_count, _policy.AUTO_WATCH_MAX)}.get(strategy, held_count)
         polled: set[int] = set()
         all_polled = threading.Event()
         driver = device._driver

@@ -117,7 +117,7 @@ async def test_a_system_task_that_ends_in_its_eager_first_step_leaves_later_wait
     # the watcher over to a system task, whose eager first step finds that one done too and ends
     # before create_task returns. Kept as the watcher's system task, the finished task kept the
     # loop alive, and its done-callback later failed a new wait ("the event loop is shutting down").
-    from aiogpu._wait import _watcher
+    from aiogpu._wait import _registry
 
     with (
         eager_tasks(),
@@ -132,7 +132,7 @@ async def test_a_system_task_that_ends_in_its_eager_first_step_leaves_later_wait
         async def first_then_later() -> None:
             await first.wait(strategy="poll")  # drives; hands over as its wait ends
             # The same step: the finished system task's done-callbacks have not run yet.
-            assert _watcher.current()._system_task is None
+            assert _registry.current()._system_task is None
             await later.wait(strategy="poll")
 
         driving = asyncio.create_task(first_then_later())  # eager: watching closely now

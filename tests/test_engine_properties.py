@@ -115,7 +115,7 @@ def test_the_newest_done_wait_is_found_in_few_queries(kinds: list[str], done_fra
     # must return the newest position whose valid entries are all done, with no done valid
     # entry after it, and the next valid entry if it asked it, asking only valid entries, in
     # O(log n) queries.
-    from aiogpu._wait._watcher import Watcher
+    from aiogpu._wait._sweep import last_done
 
     kinds[0] = "valid"  # the sweep calls it with a valid head known done
     done = max(1, round(done_fraction * len(kinds)))
@@ -124,7 +124,7 @@ def test_the_newest_done_wait_is_found_in_few_queries(kinds: list[str], done_fra
         _FakeEntry(_FakeTarget(position < done, asked, position), kind != "abandoned", kind == "rerecorded")
         for position, kind in enumerate(kinds)
     )
-    found, pending = Watcher._last_done(entries)  # type: ignore[arg-type]
+    found, pending = last_done(entries)  # type: ignore[arg-type]
     valid = [position for position, kind in enumerate(kinds) if kind == "valid"]
     assert all(position < done for position in valid if position <= found)
     assert not [position for position in valid if found < position < done]

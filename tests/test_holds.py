@@ -89,20 +89,21 @@ async def test_a_close_that_runs_as_a_home_wait_starts_fails_the_wait_not_the_dr
     # A finalizer or ``__del__`` closing the event on the home loop's thread right after the wait
     # checked it was open: the home, with no wait pending, lets go of the handle at once, so the
     # wait must not go on to use it.
+    from aiogpu import _wait
     from aiogpu._wait import _watcher
 
     device = sim.device(0)
     with aiogpu.Stream(device) as stream:
         event = stream.record()
         await event.wait()  # this loop is its home, and nothing is pending
-        current = _watcher.current
+        current = _wait.current
 
         def closing_current() -> _watcher.Watcher:
             watcher = current()
             event.close()
             return watcher
 
-        monkeypatch.setattr(_watcher, "current", closing_current)
+        monkeypatch.setattr(_wait, "current", closing_current)  # what ``wait`` calls
         live = sim.statistics().live_events
         with pytest.raises(aiogpu.ClosedResourceError):
             await event.wait()

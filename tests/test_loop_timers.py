@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 import aiogpu
-from aiogpu._wait import _timer, _watcher
+from aiogpu._wait import _policy, _registry, _timer, _watcher
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -66,8 +66,8 @@ async def test_a_loop_timer_due_while_the_watcher_parks_is_kept_once(
     # close watch, already wakes the loop after the timer is due, and every later one sees the
     # same earliest timer. (With the usual back-off the last park before it keeps it, unless
     # the loop stalls past the timer meanwhile, as a loaded test machine's does.)
-    monkeypatch.setattr(_watcher, "COLD_POLL", dict.fromkeys(_watcher.COLD_POLL, (1.0, 1.0)))
-    monkeypatch.setattr(_watcher, "KEEP_TIMER_HORIZON", 1.0)  # the first park comes 0.2 s early
+    monkeypatch.setattr(_policy, "COLD_POLL", dict.fromkeys(_policy.COLD_POLL, (1.0, 1.0)))
+    monkeypatch.setattr(_policy, "KEEP_TIMER_HORIZON", 1.0)  # the first park comes 0.2 s early
     loop = asyncio.get_running_loop()
     with aiogpu.Stream(sim.device(0)) as stream:
         work = sim.launch(stream)  # held until the timer has fired
@@ -89,7 +89,7 @@ async def test_a_loop_timer_due_while_the_watcher_parks_is_kept_once(
         assert kept == []
         return
     assert len(kept) == 1, kept
-    assert abs(kept[0] - _watcher.KEEP_TIMER_MARGIN - due) < 1e-3, (kept[0], due)
+    assert abs(kept[0] - _policy.KEEP_TIMER_MARGIN - due) < 1e-3, (kept[0], due)
 
 
 @pytest.mark.asyncio
@@ -99,15 +99,15 @@ async def test_only_a_timer_due_before_the_watcher_wakes_and_within_the_horizon_
     loop = asyncio.get_running_loop()
     if not _rounds_its_sleeps(loop):
         pytest.skip("uvloop: its timers are out of reach")
-    watcher = _watcher.current()
-    far = loop.call_later(10 * _watcher.KEEP_TIMER_HORIZON, lambda: None)
+    watcher = _registry.current()
+    far = loop.call_later(10 * _policy.KEEP_TIMER_HORIZON, lambda: None)
     try:
         watcher._keep_loop_timer(_due(loop, far) + 1.0)
         assert _kept(timer_calls) == [], "a timer beyond the horizon was kept"
     finally:
         far.cancel()
 
-    monkeypatch.setattr(_watcher, "KEEP_TIMER_HORIZON", 10.0)  # however slowly this machine runs
+    monkeypatch.setattr(_policy, "KEEP_TIMER_HORIZON", 10.0)  # however slowly this machine runs
     cancelled = loop.call_later(0.1, lambda: None)
     near = loop.call_later(0.5, lambda: None)
     cancelled.cancel()  # still first in the loop's heap: looked past
@@ -118,7 +118,7 @@ async def test_only_a_timer_due_before_the_watcher_wakes_and_within_the_horizon_
         watcher._keep_loop_timer(due + 0.1)
         kept = _kept(timer_calls)
         assert len(kept) == 1
-        assert abs(kept[0] - _watcher.KEEP_TIMER_MARGIN - due) < 1e-3, (kept[0], due)
+        assert abs(kept[0] - _policy.KEEP_TIMER_MARGIN - due) < 1e-3, (kept[0], due)
         watcher._keep_loop_timer(due + 0.1)
         assert len(_kept(timer_calls)) == 1, "the same timer was kept twice"
     finally:
@@ -128,7 +128,7 @@ async def test_only_a_timer_due_before_the_watcher_wakes_and_within_the_horizon_
 @pytest.mark.asyncio
 async def test_earliest_timer_reads_the_loop_without_changing_it() -> None:
     loop = asyncio.get_running_loop()
-    backend = _watcher.current()._backend
+    backend = _registry.current().backend
     if not _rounds_its_sleeps(loop):
         assert backend.earliest_timer() is None
         return

@@ -18,7 +18,7 @@ import pytest
 
 import aiogpu
 from aiogpu import _loop
-from aiogpu._wait._watcher import _DriverFlag
+from aiogpu._wait._watcher import DriverFlag
 from aiogpu.testing import SimulatedDriver
 from tests.helpers import eager_tasks
 
@@ -174,9 +174,9 @@ async def test_a_lone_thread_wait_returns_within_the_callback_of_its_threads_pok
     # The thread strategy's wake-up path: the waiter thread sees the completion and schedules a
     # poke; the waiting task (driving the watcher itself) resumes, finds its wait done and
     # returns from it before that callback ends, not on another loop iteration.
-    from aiogpu._wait import _watcher
+    from aiogpu._wait import _policy, _watcher
 
-    monkeypatch.setitem(_watcher.COLD_POLL, "thread", (60.0, 60.0))  # the loop never asks itself
+    monkeypatch.setitem(_policy.COLD_POLL, "thread", (60.0, 60.0))  # the loop never asks itself
     returned = threading.Event()
     returned_within_poke: list[bool] = []
     poke = _watcher.Watcher._poke_in_callback
@@ -220,7 +220,7 @@ async def test_parks_woken_together_resume_in_one_callback_in_the_order_woken(mo
 
 
 class _Waiters:
-    """What ``Backend.set_signals`` is given: a completed wait's signals (``_watcher._Entry``)."""
+    """What ``Backend.set_signals`` is given: a completed wait's signals (``_entries.Entry``)."""
 
     def __init__(self, signal: Any, *more: Any) -> None:
         self.signal = signal
@@ -242,7 +242,7 @@ async def test_set_signals_wakes_every_task_in_order_past_a_cancelled_one(parks:
     signals = [backend.new_signal() for _ in range(6)]
     tasks, resumed = await _tasks_awaiting(signals)
     tasks[2].cancel()  # its signal is cancelled now; the task has not run its cancellation yet
-    flag = _DriverFlag()
+    flag = DriverFlag()
     waking: list[_loop.Waiters] = [
         _Waiters(signals[4], signals[1], flag),
         _Waiters(None, signals[5]),
@@ -264,7 +264,7 @@ async def test_set_signals_schedules_nothing_when_only_a_flag_is_woken(monkeypat
     # A lone wait's task drives the watcher and checks its flag itself: no callback to run.
     loop = asyncio.get_running_loop()
     backend = _loop.AsyncioBackend(loop)
-    flag = _DriverFlag()
+    flag = DriverFlag()
     with _scheduled_callbacks(loop, monkeypatch) as scheduled:
         backend.set_signals([_Waiters(flag)])
     assert flag.done()

@@ -422,7 +422,7 @@ _TRIO_ASYNCIO_CHILD = """
 import sys
 import trio, trio_asyncio
 import aiogpu
-from aiogpu._wait import _watcher
+from aiogpu._wait import _policy, _registry, _watcher
 from aiogpu.testing import Latch, SimulatedDriver
 
 device = SimulatedDriver().device(0) if sys.argv[1] == "simulated" else aiogpu.Device(0)
@@ -435,11 +435,11 @@ async def main():
         event = stream.record()
 
         async def asyncio_side():
-            backends["asyncio"] = type(_watcher.current()._backend).__name__
+            backends["asyncio"] = type(_registry.current().backend).__name__
             await event.wait(strategy=strategy)
 
         async def trio_side():
-            backends["trio"] = type(_watcher.current()._backend).__name__
+            backends["trio"] = type(_registry.current().backend).__name__
             await event.wait(strategy=strategy)
 
         with trio.fail_after(20):

@@ -223,11 +223,11 @@ async def test_auto_parks_unpredicted_waits_on_many_streams_on_one_waiter_thread
 ) -> None:
     # Work released on many streams at once completes on several at once: a waiter thread per
     # stream, each seeing its own completion, would fight the waking loop for the GIL.
-    from aiogpu._wait import _thread, _watcher
+    from aiogpu._wait import _policy, _thread
 
     pool = _thread.pool()
     watched = _note_watches(monkeypatch)
-    monkeypatch.setitem(_watcher.COLD_POLL, "auto", (3600.0, 3600.0))  # only the watch wakes the loop
+    monkeypatch.setitem(_policy.COLD_POLL, "auto", (3600.0, 3600.0))  # only the watch wakes the loop
     with _held_work(sim, 5) as (works, events):
         woken = [anyio.Event() for _ in events]
 
@@ -284,9 +284,9 @@ async def test_a_held_blocking_sync_wait_keeps_one_waiter_thread_while_other_wai
 async def test_auto_watches_the_streams_waited_on_first_up_to_its_cap(
     sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from aiogpu._wait import _watcher
+    from aiogpu._wait import _policy
 
-    monkeypatch.setattr(_watcher, "AUTO_WATCH_MAX", 2)
+    monkeypatch.setattr(_policy, "AUTO_WATCH_MAX", 2)
     watched = _note_watches(monkeypatch)
     with _held_work(sim, 4) as (works, events):
         with anyio.fail_after(10):
@@ -302,9 +302,9 @@ async def test_auto_watches_the_streams_waited_on_first_up_to_its_cap(
 @pytest.mark.anyio
 async def test_callback_wait_is_woken_by_the_host_function(sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch) -> None:
     """With the watchdog's polls an hour apart, only the host function can wake the wait."""
-    from aiogpu._wait import _watcher
+    from aiogpu._wait import _policy
 
-    monkeypatch.setitem(_watcher.COLD_POLL, "callback", (3600.0, 3600.0))
+    monkeypatch.setitem(_policy.COLD_POLL, "callback", (3600.0, 3600.0))
     with aiogpu.Stream(sim.device(0)) as stream:
         work = sim.launch(stream)
         event = stream.record()
@@ -342,14 +342,14 @@ async def test_auto_watches_earlier_when_its_timed_wake_ups_arrive_late(
     sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The precise timer is made 0.6 ms late; ``auto`` must learn it and start watching earlier."""
-    from aiogpu._wait import _timer, _watcher
+    from aiogpu._wait import _policy, _registry, _timer
 
     late = 0.6e-3  # under LATENESS_MAX: a slow wake-up, not a busy loop
-    monkeypatch.setattr(_watcher, "WARM_SPAN", 0.0)  # one timed wake-up per park, the last one
+    monkeypatch.setattr(_policy, "WARM_SPAN", 0.0)  # one timed wake-up per park, the last one
     call_at = _timer.Timer.call_at
     monkeypatch.setattr(_timer.Timer, "call_at", lambda self, when, callback: call_at(self, when + late, callback))
     with aiogpu.Stream(sim.device(0)) as stream:
-        watcher = _watcher.current()
+        watcher = _registry.current()
         with anyio.fail_after(10):
             for round_ in range(30):  # learn the duration, then park on the (late) timer
                 sim.launch(stream, seconds=0.04)
@@ -367,8 +367,8 @@ async def test_auto_watches_earlier_when_its_timed_wake_ups_arrive_late(
             estimate = queue.predictor.estimate
             assert estimate is not None
             lead = queue.start + estimate - queue.watch_from
-            assert lead == pytest.approx(_watcher.LEAD["auto"] + min(max(watcher._lateness), 0.15 * estimate))
-            assert lead >= _watcher.LEAD["auto"] + late
+            assert lead == pytest.approx(_policy.LEAD["auto"] + min(max(watcher._lateness), 0.15 * estimate))
+            assert lead >= _policy.LEAD["auto"] + late
         await event
 
 
@@ -378,12 +378,12 @@ async def test_a_long_precise_park_wakes_the_loop_in_beats_before_the_close_watc
 ) -> None:
     # Parked for tens of ms: the timer wakes the loop WARM_SPAN before the close watch is due
     # and then every WARM_BEAT until it, so the loop is awake when it counts.
-    from aiogpu._wait import _timer, _watcher
+    from aiogpu._wait import _policy, _registry, _timer
 
     # No back-off queries before the prediction: the whole sleep is the precise park. (With them
     # the park starts at the last one, 2 ms before the watch if its loop timer is on time; on a
     # loaded CI machine one came 1 ms late and the first beat was then less than WARM_SPAN ahead.)
-    monkeypatch.setattr(_watcher, "EARLY_POLL_SLACK", 1.0)
+    monkeypatch.setattr(_policy, "EARLY_POLL_SLACK", 1.0)
     asked: list[float] = []
     call_at = _timer.Timer.call_at
 
@@ -392,7 +392,7 @@ async def test_a_long_precise_park_wakes_the_loop_in_beats_before_the_close_watc
         return call_at(self, when, callback)
 
     with aiogpu.Stream(sim.device(0)) as stream:
-        watcher = _watcher.current()
+        watcher = _registry.current()
         with anyio.fail_after(10):
             for _ in range(4):  # the stream's work is predicted from here on
                 sim.launch(stream, seconds=0.04)
@@ -408,22 +408,22 @@ async def test_a_long_precise_park_wakes_the_loop_in_beats_before_the_close_watc
     beats = [when for when in asked if when <= watch_from]
     # The first beat ends the long sleep; how many follow depends on how late each arrives
     # (the schedule itself is the next test's).
-    assert beats[0] == watch_from - _watcher.WARM_SPAN, beats
+    assert beats[0] == watch_from - _policy.WARM_SPAN, beats
     assert beats == sorted(beats)
 
 
 def test_beats_come_every_warm_beat_from_the_end_of_the_long_sleep_to_the_close_watch() -> None:
-    from aiogpu._wait import _watcher
+    from aiogpu._wait import _policy
 
     wake_at, now, beats = 0.005, 0.0, []
     while not beats or beats[-1] < wake_at:  # each beat arriving on time
-        now = _watcher._warm_beat(now, wake_at)
+        now = _policy.warm_beat(now, wake_at)
         beats.append(now)
-    span, beat = _watcher.WARM_SPAN, _watcher.WARM_BEAT
+    span, beat = _policy.WARM_SPAN, _policy.WARM_BEAT
     assert beats == pytest.approx([wake_at - span + k * beat for k in range(round(span / beat) + 1)])
-    assert _watcher._warm_beat(1.0, 1.0 + beat) == 1.0 + beat  # a short park: one timed wake-up
-    assert _watcher._warm_beat(1.0, 1.0 + beat / 2) == 1.0 + beat / 2
-    assert _watcher._warm_beat(1.0, 1.0 + span) == 1.0 + beat  # within the span: beating already
+    assert _policy.warm_beat(1.0, 1.0 + beat) == 1.0 + beat  # a short park: one timed wake-up
+    assert _policy.warm_beat(1.0, 1.0 + beat / 2) == 1.0 + beat / 2
+    assert _policy.warm_beat(1.0, 1.0 + span) == 1.0 + beat  # within the span: beating already
 
 
 def _asked_from_now_on(sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch) -> set[int]:
@@ -523,9 +523,9 @@ async def test_a_sweep_that_woke_its_budget_of_tasks_lets_them_run_before_it_goe
     # Three streams' waits, two tasks each, all seen done by one sweep: with a budget of two
     # wake-ups, the first task resumes while the other streams' waits are still pending
     # (a released fan-out's first tasks resumed only after its whole, GPU-long sweep before).
-    from aiogpu._wait import _watcher
+    from aiogpu._wait import _policy, _registry
 
-    monkeypatch.setattr(_watcher, "SWEEP_WAKE_BUDGET", 2)
+    monkeypatch.setattr(_policy, "SWEEP_WAKE_BUDGET", 2)
     streams = [aiogpu.Stream(device, nonblocking=True) for _ in range(3)]
     try:
         with Latch(device) as latch:
@@ -536,7 +536,7 @@ async def test_a_sweep_that_woke_its_budget_of_tasks_lets_them_run_before_it_goe
 
             async def waiter(event: aiogpu.Event) -> None:
                 await event.wait(strategy=strategy)
-                pending_at_resume.append(len(_watcher.current().pending()))
+                pending_at_resume.append(len(_registry.current().pending()))
 
             with anyio.fail_after(20):
                 async with anyio.create_task_group() as tg:
@@ -596,9 +596,9 @@ async def test_a_sweep_cut_short_is_taken_up_where_it_stopped(
     # of one wake-up per sweep, the sweeps go A, B, C: the streams a cut sweep did not reach
     # come first in the next one, not A's pending wait again and again; and A's task has
     # resumed before C is swept.
-    from aiogpu._wait import _watcher
+    from aiogpu._wait import _policy, _watcher
 
-    monkeypatch.setattr(_watcher, "SWEEP_WAKE_BUDGET", 1)
+    monkeypatch.setattr(_policy, "SWEEP_WAKE_BUDGET", 1)
     swept: list[object] = []
     resumed_when_swept: list[int] = []
     sweep_queue = _watcher.Watcher._sweep_queue
@@ -650,9 +650,9 @@ async def test_a_sweep_cut_short_does_not_make_the_loop_watch_a_lone_stream(
     # A cut sweep is followed by a yield and another sweep, not by a close watch: with one stream
     # left whose work is predicted far off, the loop must not watch it (a ``thread`` wait is
     # never watched on the loop), neither right after the cut nor in the next lone wait.
-    from aiogpu._wait import _watcher
+    from aiogpu._wait import _policy
 
-    monkeypatch.setattr(_watcher, "SWEEP_WAKE_BUDGET", 1)
+    monkeypatch.setattr(_policy, "SWEEP_WAKE_BUDGET", 1)
     work_seconds = 0.03
     with aiogpu.Stream(sim.device(0), nonblocking=True) as short, aiogpu.Stream(sim.device(0), nonblocking=True) as long:
         for _ in range(4):  # the long stream's work is predicted from here on
@@ -755,9 +755,9 @@ async def test_a_lone_close_watch_still_sees_other_streams_re_recordings_and_fau
     # A lone wait watched closely asks only about its own event at each beat (its wake-up
     # path). A wait on another stream, a re-recording of the event and a fault must still be
     # seen while that watch runs.
-    from aiogpu._wait import _watcher
+    from aiogpu._wait import _policy
 
-    monkeypatch.setitem(_watcher.WATCH_UNPREDICTED, "poll", 3600.0)  # nothing predicted: watch, never park
+    monkeypatch.setitem(_policy.WATCH_UNPREDICTED, "poll", 3600.0)  # nothing predicted: watch, never park
     asked: dict[int, int] = {}
     query = sim.event_query
 
@@ -817,9 +817,9 @@ async def test_back_off_polls_are_jittered(sim: SimulatedDriver, monkeypatch: py
     # A wait left pending is polled on a back-off schedule. Were every interval the same, the
     # watcher could wake in lockstep with another periodic timer of the loop: anyio's
     # wait_all_tasks_blocked then kept finding it just woken, for seconds (a flaky test).
-    from aiogpu._wait import _watcher
+    from aiogpu._wait import _policy, _watcher
 
-    monkeypatch.setitem(_watcher.COLD_POLL, "poll", (1e-3, 1e-3))
+    monkeypatch.setitem(_policy.COLD_POLL, "poll", (1e-3, 1e-3))
     intervals: list[float] = []
     park = _watcher.Watcher._park
 
@@ -836,7 +836,7 @@ async def test_back_off_polls_are_jittered(sim: SimulatedDriver, monkeypatch: py
         work.release()
     polls = intervals[1:]  # the first comes straight after the close watch
     assert len(polls) >= 10, intervals
-    jitter = _watcher.COLD_POLL_JITTER
+    jitter = _policy.COLD_POLL_JITTER
     assert all((1 - jitter) * 1e-3 <= poll <= (1 + jitter) * 1e-3 for poll in polls), polls
     assert max(polls) - min(polls) > 0.2e-3, polls
 
@@ -894,15 +894,15 @@ async def test_a_close_watch_on_an_idle_loop_asks_again_before_yielding(
 ) -> None:
     # A loop iteration costs a few µs, half of which a lone wait would add to its wake-up: when
     # nothing else was ready, the close watch asks again at once, for at most IDLE_SPIN.
-    from aiogpu._wait import _watcher
+    from aiogpu._wait import _policy
 
     # "Came straight back" must not depend on how fast this machine runs a loop iteration (a
     # loaded GPU host took more than 15 µs per trio checkpoint).
-    monkeypatch.setattr(_watcher, "IDLE_BEAT", 1e-3)
+    monkeypatch.setattr(_policy, "IDLE_BEAT", 1e-3)
     beats = await _queries_per_beat(sim, monkeypatch, beat_cost=0.0)
     assert max(len(times) for times in beats) > 1, "never asked twice in a beat"
     spans = sorted(times[-1] - times[0] for times in beats if len(times) > 1)
-    assert spans[len(spans) // 2] <= _watcher.IDLE_SPIN + 5e-6, f"kept the loop for {spans} s"
+    assert spans[len(spans) // 2] <= _policy.IDLE_SPIN + 5e-6, f"kept the loop for {spans} s"
     # Never the whole 2 ms watch in one go. A preemption of the test machine can stretch a spin
     # now and then, so one beat in ten may run long; the median above catches a watch that
     # spins through in one beat.
@@ -914,9 +914,9 @@ async def test_a_close_watch_on_an_idle_loop_asks_again_before_yielding(
 async def test_a_close_watch_on_a_busy_loop_yields_after_every_query(
     sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from aiogpu._wait import _watcher
+    from aiogpu._wait import _policy
 
-    beats = await _queries_per_beat(sim, monkeypatch, beat_cost=2 * _watcher.IDLE_BEAT)
+    beats = await _queries_per_beat(sim, monkeypatch, beat_cost=2 * _policy.IDLE_BEAT)
     assert len(beats) > 5, beats
     assert all(len(times) == 1 for times in beats), [len(times) for times in beats]
 
@@ -927,7 +927,7 @@ async def _drives_per_wait(sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch
     from aiogpu._wait import _watcher
 
     drives = 0
-    drive = _watcher.Watcher._drive
+    drive = _watcher.Watcher.drive
 
     async def counted(self: _watcher.Watcher, until: object) -> None:
         nonlocal drives
@@ -938,7 +938,7 @@ async def _drives_per_wait(sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch
     with aiogpu.Stream(sim.device(0)) as stream, aiogpu.Event(sim.device(0)) as event:
         for number in range(13):
             if number == 3:
-                monkeypatch.setattr(_watcher.Watcher, "_drive", counted)
+                monkeypatch.setattr(_watcher.Watcher, "drive", counted)
             sim.launch(stream, 40e-6)
             event.record(stream)
             drives = 0
@@ -958,7 +958,7 @@ async def _queries_before_the_watcher(sim: SimulatedDriver, monkeypatch: pytest.
     query = sim.event_query
     first_drive: tuple[int, float] | None = None
     driven = anyio.Event()
-    drive = _watcher.Watcher._drive
+    drive = _watcher.Watcher.drive
 
     async def noted(self: _watcher.Watcher, until: object) -> None:
         nonlocal first_drive
@@ -984,7 +984,7 @@ async def _queries_before_the_watcher(sim: SimulatedDriver, monkeypatch: pytest.
         work = sim.launch(stream)
         event.record(stream)
         _predict.for_stream(event._stream_key).estimate = 10e-6  # "about to finish"
-        monkeypatch.setattr(_watcher.Watcher, "_drive", noted)
+        monkeypatch.setattr(_watcher.Watcher, "drive", noted)
         monkeypatch.setattr(sim, "event_query", counted)
         started = time.perf_counter()
         with anyio.fail_after(10):
@@ -1012,15 +1012,15 @@ async def test_short_work_is_watched_where_its_wait_starts(
 async def test_short_work_that_runs_late_falls_back_to_the_watcher_promptly(
     sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from aiogpu._wait import _watcher
+    from aiogpu._wait import _policy
 
     # Long enough that a slow yield cannot use the whole spin up before the second query.
-    monkeypatch.setattr(_watcher, "IDLE_SPIN", 1e-3)
+    monkeypatch.setattr(_policy, "IDLE_SPIN", 1e-3)
     queries, after = await _queries_before_the_watcher(sim, monkeypatch, "poll")
     assert queries >= 2, queries  # it asked again where the wait started, then handed over
     # Spinning on would last until the work is released (the 10 s limit); the margin is for a
     # machine that preempts the loop for a while, which a CI host shared by several runs does.
-    assert after < _watcher.SPIN_AHEAD + _watcher.IDLE_SPIN + 50e-3, f"spun for {after * 1e6:.0f} µs"
+    assert after < _policy.SPIN_AHEAD + _policy.IDLE_SPIN + 50e-3, f"spun for {after * 1e6:.0f} µs"
 
 
 @pytest.mark.anyio
@@ -1121,10 +1121,10 @@ async def test_a_thread_wait_rouses_its_loop_before_a_long_predicted_completion(
 async def test_a_thread_wait_that_starts_watching_at_once_does_not_rouse_its_loop(
     sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from aiogpu._wait import _watcher
+    from aiogpu._wait import _policy
 
     # predicted to finish within the thread's lead: it watches closely at once, with no sleep
-    assert await _thread_wait_pokes(sim, monkeypatch, estimate=_watcher.LEAD["thread"] / 2) == 0
+    assert await _thread_wait_pokes(sim, monkeypatch, estimate=_policy.LEAD["thread"] / 2) == 0
 
 
 @pytest.mark.anyio

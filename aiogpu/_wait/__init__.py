@@ -24,58 +24,124 @@
     A pending host function holds up device work added to other streams later (``_helpers``).
 
 All four share one watcher per loop (``_watcher``), which queries only the oldest pending
-wait of each stream, so ten thousand waits cost about as much as the streams they are on.
-``Event.wait`` is the watcher's ``wait`` coroutine itself: it checks the event, queries it once
-(done: a checkpoint and nothing more) and otherwise joins or opens the watcher's entry for that
-recording, which keeps the handle alive while pending. The rule that picks between the
-strategies' behaviours lives in ``_watcher`` (its ``WATCH_UNPREDICTED``, ``LEAD`` and
+wait of each stream (``_sweep``), so ten thousand waits cost about as much as the streams
+they are on. ``Event.wait`` is this module's ``wait`` coroutine itself: it checks the event,
+queries it once (done: a checkpoint and nothing more) and otherwise joins or opens the
+watcher's entry for that recording, which keeps the handle alive while pending. The rules that pick between the
+strategies' behaviours live in ``_policy`` (its ``WATCH_UNPREDICTED``, ``LEAD`` and
 ``COLD_POLL`` tables), measured in ``benchmarks/wake.py``.
+
+The engine's rooms, each with one job: ``_recording`` (what it keeps on an event),
+``_entries`` (per awaited recording and per stream), ``_sweep`` (query each stream's oldest
+wait, complete in order), ``_plan`` (how each head is watched), ``_watcher`` (drive, park, hand
+over), ``_registry`` (one watcher per loop), ``_policy`` (every tunable and pure planner).
+The watcher is one class in three layers, ``Sweep`` < ``Planner`` < ``Watcher``, so that the
+wake-up path calls its methods with no hop between objects. This module is the engine's whole
+face to the rest of aiogpu: nothing outside ``_wait`` imports its private modules.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+import copy
+import time
 
-from . import _holds, _watcher
+from . import _holds, _predict
+from ._entries import Entry, joinable
+from ._recording import Recording as Recording  # noqa: TC001 (``Event``'s base type)
+from ._recording import is_own_stream_key as is_own_stream_key
+from ._recording import own_stream_key as own_stream_key
+from ._registry import current
+from ._strategy import OFF_LOOP
 from ._strategy import STRATEGIES as STRATEGIES
 from ._strategy import WaitStrategy as WaitStrategy
 from ._strategy import check_strategy as check_strategy
 from ._strategy import get_default_wait_strategy as get_default_wait_strategy
 from ._strategy import set_default_wait_strategy as set_default_wait_strategy
+from ._watcher import DriverFlag
 
-if TYPE_CHECKING:
-    from .._device import Device
-    from .._driver import Driver
-    from .._lifetime import HandleLifetime
-
-
-class WaitTarget(Protocol):
-    """What the engine needs to know about the event it waits for."""
-
-    @property
-    def _driver(self) -> Driver: ...
-    @property
-    def _device(self) -> Device: ...
-    @property
-    def _handle(self) -> int: ...
-    @property
-    def _lifetime(self) -> HandleLifetime: ...
-    @property
-    def _generation(self) -> int: ...
-    @property
-    def _stream_key(self) -> object: ...
-    @property
-    def _recorded_at(self) -> float: ...
-    @property
-    def _record_sequence(self) -> int: ...
-    @property
-    def is_blocking_sync(self) -> bool: ...
-    def _check_recorded(self, action: str) -> None: ...
-
-    _waiting: _watcher._Entry | None  # set by the engine: the entry new waits for this recording join
-    _home_uses: int  # pending waits of the event's home loop (``_holds``)
-    _home_closing: bool  # closed while some were pending: the last one lets go of the home's use
-
-
-wait = _watcher.wait  # ``Event.wait``
 closed = _holds.closed  # ``Event.close``
+
+
+def pending() -> list[Entry]:
+    """What the running loop's tasks are waiting for, oldest wait first (``aiogpu.pending_waits``).
+
+    Raises:
+        RuntimeError: No asyncio, uvloop or trio loop is running in this thread.
+    """
+    return current().pending()
+
+
+def forget_stream(key: object) -> None:
+    """Drop what the engine learned about the stream ``key`` names (it was destroyed, and its
+    handle may be reused)."""
+    _predict.forget(key)
+
+
+async def wait(target: Recording, *, strategy: WaitStrategy | None = None) -> None:
+    """Wait until the captured work has completed, without blocking the event loop.
+
+    Always a checkpoint, even if the work is already done. ``await event`` is the same as
+    ``await event.wait()``.
+
+    Args:
+        strategy: ``"auto"``, ``"poll"``, ``"thread"`` or ``"callback"`` (see the user guide's
+            "Wait strategies and how to choose"); the default is :func:`aiogpu.get_default_wait_strategy`.
+
+    Raises:
+        EventStateError: The event was never recorded.
+        CudaError: The captured work failed, for example with ``CUDA_ERROR_ILLEGAL_ADDRESS``
+            from an earlier kernel; every task awaiting the event gets it.
+        ClosedResourceError: The event was closed.
+
+    Cancellation:
+        Returns promptly with every strategy (the ``thread`` strategy does not wait for
+        the GPU). The GPU work and the event are untouched: the event can be awaited
+        again. Nothing is leaked; a waiter thread already waiting for the work returns
+        to the pool at its next query (or, parked on a blocking-sync event, when the work
+        completes).
+    """
+    # This is ``Event.wait`` itself (one coroutine frame per waiting task, the engine's: every
+    # frame more is resumed on every wake-up, 10,000 times in a fan-out).
+    mode = check_strategy(strategy)
+    target._check_recorded("await")
+    watcher = current()
+    entry = joinable(target, watcher)
+    if entry is None:  # nobody waits for this recording yet: is it done already?
+        held = _holds.hold(target, watcher)  # by the entry from here on (``_entries.let_go``)
+        try:
+            done = target._driver.event_query(target._handle)
+            if not done and mode not in OFF_LOOP and not watcher.running:  # short work, idle watcher
+                if await watcher.spin_ahead(target):
+                    _holds.let_go(target, held)
+                    return  # it yielded before it saw the work done: checkpointed
+                entry = joinable(target, watcher)  # others may have started waiting meanwhile
+                if entry is not None:
+                    _holds.let_go(target, held)  # held by that entry already
+        except BaseException:
+            _holds.let_go(target, held)
+            raise
+        if done:
+            _holds.let_go(target, held)
+            await watcher.backend.yield_now()  # a checkpoint even when already done
+            return
+    driving = not watcher.running
+    signal = DriverFlag() if driving else watcher.backend.new_signal()
+    if entry is None:
+        now = time.perf_counter()
+        entry = Entry(watcher, target, mode, now, held)
+        target._waiting = entry
+        entry.join(signal)  # before it is planned: a head without waiters is skipped
+        watcher.enqueue(entry, now)
+    else:
+        entry.join(signal)
+    try:
+        if not driving:
+            watcher.poke()
+            await signal  # a park or the loop's future itself: no frame more on the wake-up
+        else:  # nobody watches: this task does, so its own wake-up costs no hand-off
+            await watcher.drive(signal)
+    except BaseException:
+        watcher.leave(entry, signal)
+        raise
+    if entry.error is not None:
+        raise copy.copy(entry.error)

@@ -30,8 +30,8 @@ if TYPE_CHECKING:
 
     from .._device import Device
     from .._driver import Driver
-    from . import WaitTarget
     from ._doorbell import Doorbell
+    from ._recording import Recording
 
 #: The thread that arms waits, in the order they ask.
 _armer = PerProcess(lambda: Executor("aiogpu-armer")).get
@@ -42,13 +42,13 @@ _helpers: weakref.WeakKeyDictionary[Driver, dict[int, list[int]]] = weakref.Weak
 KEEP_IDLE_HELPERS = 16
 
 
-def arm(target: WaitTarget, doorbell: Doorbell, poke: Callable[[], object]) -> None:
+def arm(target: Recording, doorbell: Doorbell, poke: Callable[[], object]) -> None:
     """Ring ``doorbell`` once ``target``'s recorded work is done; ``poke`` if arming fails."""
     target._lifetime.retain()  # the pending wait holds it; it must outlive the cuStreamWaitEvent below
     _armer().submit(lambda: _arm(target, doorbell, poke))
 
 
-def _arm(target: WaitTarget, doorbell: Doorbell, poke: Callable[[], object]) -> None:
+def _arm(target: Recording, doorbell: Doorbell, poke: Callable[[], object]) -> None:
     try:
         driver, device = target._driver, target._device
         helper = _idle_helper(driver, device)

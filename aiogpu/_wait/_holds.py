@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
-    from . import WaitTarget
+    from ._recording import Recording
     from ._watcher import Watcher
 
 #: What a wait holds: nothing (any more), a count on its event (a home wait), or a use of the
@@ -35,7 +35,7 @@ HOME = 1
 LIFETIME = 2
 
 
-def hold(target: WaitTarget, watcher: Watcher) -> int:
+def hold(target: Recording, watcher: Watcher) -> int:
     """Keep ``target``'s handle alive for a wait of ``watcher``'s loop (its thread). Raises
     ``ClosedResourceError`` if the event is closed."""
     lifetime = target._lifetime
@@ -54,9 +54,9 @@ def hold(target: WaitTarget, watcher: Watcher) -> int:
     return LIFETIME
 
 
-def let_go(target: WaitTarget, held: int) -> None:
+def let_go(target: Recording, held: int) -> None:
     """End what ``hold`` returned (the holding loop's thread). The watcher's sweep writes this
-    out where it completes thousands of waits at once (``Watcher._complete_oldest``)."""
+    out where it completes thousands of waits at once (``Sweep._complete_oldest``)."""
     if held == HOME:
         uses = target._home_uses - 1
         target._home_uses = uses
@@ -66,13 +66,13 @@ def let_go(target: WaitTarget, held: int) -> None:
         target._lifetime.release()
 
 
-def leave_home(target: WaitTarget) -> None:
+def leave_home(target: Recording) -> None:
     """The event is closed and its home's waits are over: the home lets go of its use."""
     target._home_closing = False
     target._lifetime.release()
 
 
-def closed(target: WaitTarget) -> None:
+def closed(target: Recording) -> None:
     """``target`` was just closed (any thread): its home lets go of its use once its waits are
     over. Called once, by the ``close()`` that closed it."""
     home_reference = target._lifetime.home
@@ -87,7 +87,7 @@ def closed(target: WaitTarget) -> None:
         leave_home(target)  # its loop is gone: no wait of it asks about the handle any more
 
 
-def _settle(target: WaitTarget) -> None:
+def _settle(target: Recording) -> None:
     """On the home loop's thread: let go now, or once the last pending home wait ends."""
     if target._home_uses:
         target._home_closing = True

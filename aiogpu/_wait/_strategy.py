@@ -6,6 +6,8 @@ from typing import Literal, get_args
 
 WaitStrategy = Literal["auto", "poll", "thread", "callback"]
 STRATEGIES: tuple[str, ...] = get_args(WaitStrategy)
+#: Strategies that never watch on the loop: a thread or the driver tells the loop when to look.
+OFF_LOOP = ("callback", "thread")
 
 _default: WaitStrategy = "auto"
 

@@ -51,8 +51,8 @@ from ._per_process import PerProcess
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from . import WaitTarget
     from ._daemon import Next
+    from ._recording import Recording
 
 MAX_THREADS = 32
 HARD_MAX_THREADS = 256
@@ -86,7 +86,7 @@ class Subscriber:
 class _Job:
     __slots__ = ("key", "running", "spin_from", "subscribers", "targets")
 
-    def __init__(self, key: tuple[object, int], targets: tuple[WaitTarget, ...], spin_from: float | None) -> None:
+    def __init__(self, key: tuple[object, int], targets: tuple[Recording, ...], spin_from: float | None) -> None:
         self.key = key
         self.targets = targets  # a recording's job has one; a watch, one per stream
         self.spin_from = spin_from
@@ -135,7 +135,7 @@ class _Pool:
         self._jobs: dict[tuple[object, int], _Job] = {}
         self._watches = 0
 
-    def subscribe(self, target: WaitTarget, notify: Callable[[], object], spin_from: float | None = None) -> Subscriber:
+    def subscribe(self, target: Recording, notify: Callable[[], object], spin_from: float | None = None) -> Subscriber:
         key = (id(target), target._generation)
         with self._lock:
             job = self._jobs.get(key)
@@ -145,7 +145,7 @@ class _Pool:
             job.subscribers[subscriber] = None
         return subscriber
 
-    def watch_any(self, targets: tuple[WaitTarget, ...], notify: Callable[[], object]) -> Subscriber:
+    def watch_any(self, targets: tuple[Recording, ...], notify: Callable[[], object]) -> Subscriber:
         """One thread queries ``targets`` in turn, with growing pauses, and ends at the first one
         done (``done_index``), or at its next round once unsubscribed; shared with nobody.
 
@@ -162,8 +162,8 @@ class _Pool:
             job.subscribers[subscriber] = None
         return subscriber
 
-    def _queue_job(self, key: tuple[object, int], targets: tuple[WaitTarget, ...], spin_from: float | None) -> _Job:
-        retained: list[WaitTarget] = []
+    def _queue_job(self, key: tuple[object, int], targets: tuple[Recording, ...], spin_from: float | None) -> _Job:
+        retained: list[Recording] = []
         try:
             for target in targets:  # the subscribing waits hold them; released when the job ends
                 target._lifetime.retain()

@@ -16,7 +16,7 @@ import anyio
 import pytest
 
 import aiogpu
-from aiogpu._wait import _watcher
+from aiogpu._wait import _policy
 from aiogpu.testing import launch_spin
 from tests.helpers import settle_waiter_threads
 
@@ -78,7 +78,7 @@ async def test_callback_waits_survive_gil_holding_driver_calls(gpu: aiogpu.Devic
 
 async def test_callback_wait_is_woken_by_the_gpu(gpu: aiogpu.Device, monkeypatch: pytest.MonkeyPatch) -> None:
     """With the watchdog's polls an hour apart, only the GPU's host function can wake the wait."""
-    monkeypatch.setitem(_watcher.COLD_POLL, "callback", (3600.0, 3600.0))
+    monkeypatch.setitem(_policy.COLD_POLL, "callback", (3600.0, 3600.0))
     with aiogpu.Stream(gpu) as stream:
         for _ in range(5):
             launch_spin(stream, 200e-6)
