@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING, final
 import anyio
 import anyio.lowlevel
 
-from . import _loop
 from ._device import Device, check_int
 from ._errors import ClosedResourceError
 from ._stream import Stream
+from ._wait import _backends
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterable
@@ -299,11 +299,11 @@ class _BoundLoop:
     @staticmethod
     def current() -> object | None:
         """The calling code's loop: an asyncio loop or a trio run's token (``None``: no loop)."""
-        trio = _loop.in_trio_task()  # first: a trio guest's tasks run inside an asyncio loop's callbacks
+        trio = _backends.in_trio_task()  # first: a trio guest's tasks run inside an asyncio loop's callbacks
         if trio is not None:
             token: object = trio.lowlevel.current_trio_token()
             return token
-        return _loop.running_asyncio_loop()
+        return _backends.running_asyncio_loop()
 
     def is_loop(self, loop: object) -> bool:
         return self.loop() is loop

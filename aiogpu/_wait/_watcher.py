@@ -50,16 +50,15 @@ import weakref
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from .. import _loop
-from . import _doorbell, _helpers, _holds, _predict, _thread, _timer
+from . import _backends, _doorbell, _helpers, _holds, _predict, _thread, _timer
 from ._strategy import WaitStrategy, check_strategy
 
 if TYPE_CHECKING:
     import asyncio
     from collections.abc import Callable, Generator
 
-    from .._loop import Backend, Park, Signal, Waiters
     from . import WaitTarget
+    from ._backends import Backend, Park, Signal, Waiters
 
 #: Strategies that never watch on the loop: a thread or the driver tells the loop when to look.
 _OFF_LOOP = ("callback", "thread")
@@ -810,7 +809,7 @@ class Watcher:
     def _poke(self) -> None:
         """Look again now (loop thread, a task's step: a new wait)."""
         if self._parked is not None:
-            _loop.set_signal(self._parked)
+            _backends.set_signal(self._parked)
 
     def _poke_in_callback(self) -> None:
         """Look again now, from a loop callback of its own (a thread saw a completion, a timer
@@ -1142,8 +1141,8 @@ _trio_watcher_var: object = None
 def current() -> Watcher:
     """The watcher of the running loop (per loop: never shared between loops)."""
     global _last_asyncio
-    trio = _loop.in_trio_task()  # first: a trio guest's tasks run inside an asyncio loop's callbacks
-    loop = _loop.running_asyncio_loop() if trio is None else None
+    trio = _backends.in_trio_task()  # first: a trio guest's tasks run inside an asyncio loop's callbacks
+    loop = _backends.running_asyncio_loop() if trio is None else None
     if loop is not None:
         last = _last_asyncio
         if last is not None and last[0]() is loop and (cached := last[1]()) is not None:
@@ -1151,7 +1150,7 @@ def current() -> Watcher:
         registration = _asyncio_watchers.get(loop)
         watcher = None if registration is None else registration.watcher()
         if watcher is None:
-            watcher = Watcher(_loop.AsyncioBackend(loop))
+            watcher = Watcher(_backends.asyncio_backend(loop))
             watcher._registration = _asyncio_watchers[loop] = _Registration(watcher)
         _last_asyncio = (weakref.ref(loop), watcher.weak_self)
         return watcher
@@ -1164,6 +1163,6 @@ def current() -> Watcher:
     try:
         return run_var.get()  # type: ignore[attr-defined,no-any-return]
     except LookupError:
-        watcher = Watcher(_loop.TrioBackend(trio))
+        watcher = Watcher(_backends.trio_backend(trio))
         run_var.set(watcher)  # type: ignore[attr-defined]
         return watcher

@@ -49,7 +49,7 @@ from .._driver import (
     cuda_error,
 )
 from .._errors import ClosedResourceError
-from .._loop import in_trio_run, running_asyncio_loop
+from .._wait._backends import in_trio_run, running_asyncio_loop
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
