@@ -22,17 +22,17 @@ import threading
 import time
 from typing import TYPE_CHECKING, final
 
+from ._daemon import Daemon
 from ._device import Device, check_int
 from ._errors import ClosedResourceError
+from ._per_process import PerProcess
 from ._stream import Stream
-from ._wait._daemon import Daemon
-from ._wait._per_process import PerProcess
 
 if TYPE_CHECKING:
     from types import TracebackType
 
+    from ._daemon import Next
     from ._event import Event
-    from ._wait._daemon import Next
 
 _SMALLEST = 4096
 _LARGEST = 1 << 40  # far beyond any host's page-locked memory, and within size_t

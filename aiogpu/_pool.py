@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, final
 import anyio
 import anyio.lowlevel
 
-from . import _loop
+from . import _wait
 from ._checks import check_int
 from ._device import Device
 from ._errors import ClosedResourceError
@@ -300,11 +300,11 @@ class _BoundLoop:
     @staticmethod
     def current() -> object | None:
         """The calling code's loop: an asyncio loop or a trio run's token (``None``: no loop)."""
-        trio = _loop.in_trio_task()  # first: a trio guest's tasks run inside an asyncio loop's callbacks
+        trio = _wait.in_trio_task()  # first: a trio guest's tasks run inside an asyncio loop's callbacks
         if trio is not None:
             token: object = trio.lowlevel.current_trio_token()
             return token
-        return _loop.running_asyncio_loop()
+        return _wait.running_asyncio_loop()
 
     def is_loop(self, loop: object) -> bool:
         return self.loop() is loop

@@ -1,7 +1,8 @@
 """Shared fixtures: devices (simulated always, the GPU where there is one), strategies, loops.
 
 Loops: pytest-asyncio runs the asyncio-marked tests on asyncio and uvloop (through its
-``pytest_asyncio_loop_factories`` hook); anyio's plugin runs the trio variants. The contract
+``pytest_asyncio_loop_factories`` hook), those of ``PUBLIC_ASYNCIO_MODULES`` also on asyncio
+with aiogpu held to asyncio's public API; anyio's plugin runs the trio variants. The contract
 suite (``tests/contract.py``) is written once and collected by both.
 
 GPU tests (``@pytest.mark.gpu``, and the ``gpu`` parameter of the ``device`` fixture) are
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 import aiogpu
-from aiogpu._wait import _thread
+from aiogpu._wait import _backends, _thread
 from aiogpu.testing import SimulatedDriver
 
 if TYPE_CHECKING:
@@ -61,13 +62,34 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+#: The test modules whose asyncio tests run a third time, on asyncio's own loop with aiogpu held
+#: to asyncio's public API (``asyncio-public``): the fallback that must work on every Python.
+PUBLIC_ASYNCIO_MODULES = frozenset({"test_contract_asyncio.py", "test_park.py", "test_loop_timers.py"})
+
+
+def public_asyncio_loop() -> asyncio.AbstractEventLoop:
+    """asyncio's own loop; ``_public_asyncio_lane`` makes aiogpu use the public backend on it."""
+    return asyncio.new_event_loop()
+
+
 def pytest_asyncio_loop_factories(
     config: pytest.Config, item: pytest.Item
 ) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
     factories: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {"asyncio": asyncio.new_event_loop}
     if uvloop is not None:
         factories["uvloop"] = uvloop.new_event_loop
+    if item.path.name in PUBLIC_ASYNCIO_MODULES:
+        factories["asyncio-public"] = public_asyncio_loop
     return factories
+
+
+@pytest.fixture(autouse=True)
+def _public_asyncio_lane(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the ``asyncio-public`` loop, aiogpu's backends are made as ``AIOGPU_PUBLIC_ASYNCIO=1``
+    makes them: asyncio's public API only."""
+    callspec = getattr(request.node, "callspec", None)
+    if callspec is not None and callspec.params.get("_asyncio_loop_factory") is public_asyncio_loop:
+        monkeypatch.setenv(_backends.PUBLIC_ASYNCIO_VARIABLE, "1")
 
 
 @pytest.fixture

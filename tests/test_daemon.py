@@ -1,4 +1,4 @@
-"""The one helper every aiogpu thread goes through (``aiogpu._wait._daemon``): threads start on
+"""The one helper every aiogpu thread goes through (``aiogpu._daemon``): threads start on
 demand, run their jobs in order, outlive a job that raises, exit when idle, start again on the
 next demand, and a forked child starts without the parent's."""
 
@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from aiogpu._wait import _daemon, _timer
-from aiogpu._wait._daemon import Daemon, Executor
+from aiogpu import _daemon
+from aiogpu._daemon import Daemon, Executor
+from aiogpu._wait import _timer
 
 TIMEOUT = 20.0
 
@@ -156,8 +157,8 @@ def test_a_forked_child_starts_its_own_threads_not_the_parents() -> None:
     script = textwrap.dedent(
         """
         import os, threading
-        from aiogpu._wait._daemon import Executor
-        from aiogpu._wait._per_process import PerProcess
+        from aiogpu._daemon import Executor
+        from aiogpu._per_process import PerProcess
 
         executor = PerProcess(lambda: Executor("aiogpu-test-fork")).get
         parent = executor()

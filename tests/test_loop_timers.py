@@ -1,10 +1,12 @@
-"""The loop's own timers stay on time while aiogpu waits (asyncio's own loops).
+"""The loop's own timers stay on time while aiogpu waits (asyncio's own loops, private backend).
 
 asyncio rounds the timeout of its sleep up to whole milliseconds, so a loop that goes to sleep
 at a moment of the watcher's choosing would sleep up to 1 ms past its next timer. Before the
 watcher parks, it asks the timer thread to wake the loop just after that timer is due, if the
 watcher itself would wake it later. How much that saves is measured on the GPU
-(``benchmarks/wake.py``'s ticker lag); these tests check when it is asked for.
+(``benchmarks/wake.py``'s ticker lag); these tests check when it is asked for. Only the
+private asyncio backend knows the loop's timers: with the public one (and on uvloop) nothing is
+kept, and these tests check that too.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import pytest
 
 import aiogpu
 from aiogpu._wait import _policy, _registry, _timer, _watcher
+from aiogpu._wait._backends import _asyncio_private
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -44,8 +47,10 @@ def _kept(timer_calls: list[tuple[float, object]]) -> list[float]:
     return [when for when, callback in timer_calls if getattr(callback, "__func__", None) is wake_loop]
 
 
-def _rounds_its_sleeps(loop: asyncio.AbstractEventLoop) -> bool:
-    return isinstance(loop, asyncio.BaseEventLoop)  # uvloop's timers are out of reach
+def _reads_timers() -> bool:
+    """Whether the running loop's watcher knows the loop's timers (the private asyncio backend:
+    uvloop's timers are out of reach, and the public backend does not read asyncio's)."""
+    return isinstance(_registry.current().backend, _asyncio_private.PrivateAsyncioBackend)
 
 
 def _due(loop: asyncio.AbstractEventLoop, handle: asyncio.TimerHandle) -> float:
@@ -85,20 +90,20 @@ async def test_a_loop_timer_due_while_the_watcher_parks_is_kept_once(
     if strategy == "poll":  # it starts no thread, the timer thread included
         assert timer_calls == []
         return
-    if not _rounds_its_sleeps(loop):
+    if not _reads_timers():
         assert kept == []
         return
     assert len(kept) == 1, kept
     assert abs(kept[0] - _policy.KEEP_TIMER_MARGIN - due) < 1e-3, (kept[0], due)
 
 
-@pytest.mark.asyncio
+@pytest.mark.asyncio(loop_factories=["asyncio"])
 async def test_only_a_timer_due_before_the_watcher_wakes_and_within_the_horizon_is_kept(
     timer_calls: list[tuple[float, object]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     loop = asyncio.get_running_loop()
-    if not _rounds_its_sleeps(loop):
-        pytest.skip("uvloop: its timers are out of reach")
+    if not _reads_timers():
+        pytest.skip("needs the private asyncio backend: only it knows the loop's timers")
     watcher = _registry.current()
     far = loop.call_later(10 * _policy.KEEP_TIMER_HORIZON, lambda: None)
     try:
@@ -129,7 +134,7 @@ async def test_only_a_timer_due_before_the_watcher_wakes_and_within_the_horizon_
 async def test_earliest_timer_reads_the_loop_without_changing_it() -> None:
     loop = asyncio.get_running_loop()
     backend = _registry.current().backend
-    if not _rounds_its_sleeps(loop):
+    if not _reads_timers():
         assert backend.earliest_timer() is None
         return
     handles = [loop.call_later(delay, lambda: None) for delay in (0.5, 0.1, 0.3, 0.2)]

@@ -1,7 +1,11 @@
-"""The asyncio park, where a task waits to be woken: woken from a loop callback of its own (a
-thread's poke, a timer), it resumes its task right in that callback, one loop iteration sooner
-than a future would; woken from a task, it resumes its task on the next iteration, in one
-callback with every other park woken meanwhile; cancelled, it behaves as a future."""
+"""The asyncio park, where a task waits to be woken, on both asyncio backends.
+
+Every backend's park behaves as a future: woken from a task, its task resumes on the loop's next
+iteration; cancelled, its task gets ``CancelledError``. The private backend's park (asyncio's own
+loops, ``private_only``) also resumes its task right in a loop callback of its own that wakes it
+(a thread's poke, a timer), one loop iteration sooner than a future would, and the tasks that
+parks woken together resume in one callback. Its capability checks fall back to the public
+backend, without an error, wherever asyncio's internals are not as expected."""
 
 from __future__ import annotations
 
@@ -17,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import aiogpu
-from aiogpu import _loop
+from aiogpu._wait import _backends, _registry
+from aiogpu._wait._backends import _asyncio, _asyncio_private
 from aiogpu._wait._watcher import DriverFlag
 from aiogpu.testing import SimulatedDriver
 from tests.helpers import eager_tasks
@@ -27,15 +32,32 @@ if TYPE_CHECKING:
 
 who = contextvars.ContextVar("who", default="nobody")
 
+#: Tests of what only the private backend does: on asyncio's own loop, which it supports.
+private_only = pytest.mark.asyncio(loop_factories=["asyncio"])
 
-async def _parked(park: _loop.Park, resumed: list[str]) -> None:
+
+def _backend() -> _backends.Backend:
+    """The running loop's backend, as the watcher gets it (the test's loop decides which)."""
+    return _backends.asyncio_backend(asyncio.get_running_loop())
+
+
+def _private_backend(loop: asyncio.AbstractEventLoop) -> _asyncio_private.PrivateAsyncioBackend:
+    assert _asyncio_private.supports(loop)
+    return _asyncio_private.PrivateAsyncioBackend(loop)
+
+
+def _is_private(backend: _backends.Backend) -> bool:
+    return isinstance(backend, _asyncio_private.PrivateAsyncioBackend)
+
+
+async def _parked(park: _backends.Park, resumed: list[str]) -> None:
     who.set("the parked task")
     await park
     resumed.append(who.get())
 
 
-async def _park_with_a_task() -> tuple[_loop.Park, list[str], asyncio.Task[None]]:
-    park = _loop.AsyncioBackend(asyncio.get_running_loop()).new_park()
+async def _park_with_a_task(backend: _backends.Backend | None = None) -> tuple[_backends.Park, list[str], asyncio.Task[None]]:
+    park = (backend or _backend()).new_park()
     resumed: list[str] = []
     task = asyncio.create_task(_parked(park, resumed))
     await asyncio.sleep(0)
@@ -71,10 +93,10 @@ def _scheduled_callbacks(loop: asyncio.AbstractEventLoop, monkeypatch: pytest.Mo
         yield scheduled
 
 
-@pytest.mark.asyncio
+@private_only
 @pytest.mark.parametrize("scheduled_by", ["call_soon", "call_soon_threadsafe from a thread", "call_later"])
 async def test_a_park_woken_in_a_callback_resumes_its_task_within_that_callback(scheduled_by: str) -> None:
-    park, resumed, task = await _park_with_a_task()
+    park, resumed, task = await _park_with_a_task(_private_backend(asyncio.get_running_loop()))
     seen_after_waking: list[list[str]] = []
 
     def callback() -> None:
@@ -102,7 +124,7 @@ async def test_a_park_woken_from_a_task_resumes_its_task_on_the_next_iteration(w
     # Running one task's step inside another's is an error for asyncio: never nested.
     park, resumed, task = await _park_with_a_task()
     if wake == "set_signal":
-        _loop.set_signal(park)
+        _backends.set_signal(park)
     else:
         park.wake_in_callback()
     assert resumed == []
@@ -115,7 +137,7 @@ async def test_a_park_woken_from_a_task_resumes_its_task_on_the_next_iteration(w
 async def test_a_parked_task_cancelled_gets_cancelled_error_with_its_message(parks: bool) -> None:
     # The plain future is the reference: on every Python the park's task sees what a future's does.
     loop = asyncio.get_running_loop()
-    park = _loop.AsyncioBackend(loop).new_park() if parks else loop.create_future()
+    park = _backend().new_park() if parks else loop.create_future()
     seen: list[asyncio.CancelledError] = []
 
     async def parked() -> None:
@@ -139,12 +161,12 @@ async def test_a_parked_task_cancelled_gets_cancelled_error_with_its_message(par
     assert park.cancelled()
     if parks:
         park.wake_in_callback()  # a poke that comes too late is nothing
-    _loop.set_signal(park)
+    _backends.set_signal(park)
 
 
 @pytest.mark.asyncio
 async def test_a_park_woken_before_it_is_awaited_does_not_suspend() -> None:
-    park = _loop.AsyncioBackend(asyncio.get_running_loop()).new_park()
+    park = _backend().new_park()
     park.wake_in_callback()
     await park
     assert park.done()
@@ -162,14 +184,14 @@ async def test_a_park_awaited_by_a_second_task_wakes_both(wake: str) -> None:
     second = asyncio.create_task(_parked(park, resumed))
     await asyncio.sleep(0)
     if wake == "set_signal":
-        _loop.set_signal(park)
+        _backends.set_signal(park)
     else:
         asyncio.get_running_loop().call_soon(park.wake_in_callback)
     await asyncio.wait_for(asyncio.gather(task, second), 10)
     assert resumed == ["the parked task", "the parked task"]
 
 
-@pytest.mark.asyncio
+@private_only
 async def test_a_lone_thread_wait_returns_within_the_callback_of_its_threads_poke(monkeypatch: pytest.MonkeyPatch) -> None:
     # The thread strategy's wake-up path: the waiter thread sees the completion and schedules a
     # poke; the waiting task (driving the watcher itself) resumes, finds its wait done and
@@ -203,12 +225,12 @@ async def test_a_lone_thread_wait_returns_within_the_callback_of_its_threads_pok
     assert returned_within_poke[-1:] == [True], returned_within_poke
 
 
-@pytest.mark.asyncio
+@private_only
 async def test_parks_woken_together_resume_in_one_callback_in_the_order_woken(monkeypatch: pytest.MonkeyPatch) -> None:
     # A sweep wakes hundreds of tasks at once: on asyncio's own loops a scheduled callback is a
     # Handle made and run in Python, so they resume in one, not one each.
     loop = asyncio.get_running_loop()
-    backend = _loop.AsyncioBackend(loop)
+    backend = _private_backend(loop)
     parks = [backend.new_park() for _ in range(5)]
     tasks, resumed = await _tasks_awaiting(parks)
     with _scheduled_callbacks(loop, monkeypatch) as scheduled:
@@ -226,24 +248,23 @@ class _Waiters:
         self.signal = signal
         self.more_signals = dict.fromkeys(more) if more else None
 
-    def signals(self) -> list[_loop.Signal]:
+    def signals(self) -> list[_backends.Signal]:
         return ([] if self.signal is None else [self.signal]) + list(self.more_signals or ())
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize("parks", [True, False], ids=["parks (asyncio)", "futures (uvloop)"])
-async def test_set_signals_wakes_every_task_in_order_past_a_cancelled_one(parks: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    # The sweep's wake-up of 10,000 tasks: on asyncio's own loops the parks are set without
-    # their ``set_result`` and resume in one callback; a task cancelled but not yet gone, a
-    # first waiter that left, the driving task's flag and a second awaiter are all handled.
+async def test_set_signals_wakes_every_task_in_order_past_a_cancelled_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The sweep's wake-up of thousands of tasks: with the private backend the parks are set
+    # without their ``set_result`` and resume in one callback, with the public one each future
+    # schedules its task; a task cancelled but not yet gone, a first waiter that left, the
+    # driving task's flag and a second awaiter are all handled.
     loop = asyncio.get_running_loop()
-    backend = _loop.AsyncioBackend(loop)
-    backend._parks_for_signals = parks
+    backend = _backend()
     signals = [backend.new_signal() for _ in range(6)]
     tasks, resumed = await _tasks_awaiting(signals)
     tasks[2].cancel()  # its signal is cancelled now; the task has not run its cancellation yet
     flag = DriverFlag()
-    waking: list[_loop.Waiters] = [
+    waking: list[_backends.Waiters] = [
         _Waiters(signals[4], signals[1], flag),
         _Waiters(None, signals[5]),
         _Waiters(signals[2], signals[0]),
@@ -253,7 +274,7 @@ async def test_set_signals_wakes_every_task_in_order_past_a_cancelled_one(parks:
         backend.set_signals(waking)
     assert waking == []
     assert flag.done()
-    assert len(scheduled) == (1 if parks else 5)
+    assert len(scheduled) == (1 if _is_private(backend) else 5)
     await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 10)
     assert resumed == [4, 1, 5, 0, 3]
     assert tasks[2].cancelled()
@@ -262,10 +283,9 @@ async def test_set_signals_wakes_every_task_in_order_past_a_cancelled_one(parks:
 @pytest.mark.asyncio
 async def test_set_signals_schedules_nothing_when_only_a_flag_is_woken(monkeypatch: pytest.MonkeyPatch) -> None:
     # A lone wait's task drives the watcher and checks its flag itself: no callback to run.
-    loop = asyncio.get_running_loop()
-    backend = _loop.AsyncioBackend(loop)
+    backend = _backend()
     flag = DriverFlag()
-    with _scheduled_callbacks(loop, monkeypatch) as scheduled:
+    with _scheduled_callbacks(asyncio.get_running_loop(), monkeypatch) as scheduled:
         backend.set_signals([_Waiters(flag)])
     assert flag.done()
     assert scheduled == []
@@ -274,7 +294,7 @@ async def test_set_signals_schedules_nothing_when_only_a_flag_is_woken(monkeypat
 def test_a_task_that_raises_keyboard_interrupt_as_it_resumes_does_not_strand_the_others() -> None:
     loop = asyncio.new_event_loop()
     try:
-        backend = _loop.AsyncioBackend(loop)
+        backend = _private_backend(loop)
         parks = [backend.new_park() for _ in range(3)]
         resumed: list[int] = []
 
@@ -367,14 +387,16 @@ async def test_anyio_does_not_cancel_a_task_whose_wait_completed(monkeypatch: py
         assert sorted(returned) == ["a", "b", "c"]
 
 
-def _close_a_loop_with_woken_parks_unresumed(backend_of: list[_loop.AsyncioBackend]) -> weakref.ref[asyncio.AbstractEventLoop]:
+def _close_a_loop_with_woken_parks_unresumed(
+    backend_of: list[_asyncio_private.PrivateAsyncioBackend],
+) -> weakref.ref[asyncio.AbstractEventLoop]:
     loop = asyncio.new_event_loop()
     loop.set_exception_handler(lambda loop, context: None)  # "Task was destroyed but it is pending"
-    backend = _loop.AsyncioBackend(loop)
+    backend = _private_backend(loop)
     backend_of.append(backend)  # kept, as a watcher keeps its backend
     parks = [backend.new_park() for _ in range(3)]
 
-    async def parked(park: _loop.Park) -> None:
+    async def parked(park: _backends.Park) -> None:
         await park
 
     async def wake_then_stop() -> None:
@@ -393,8 +415,124 @@ def _close_a_loop_with_woken_parks_unresumed(backend_of: list[_loop.AsyncioBacke
 def test_a_loop_closed_before_it_resumed_woken_parks_is_freed() -> None:
     # The backend holds the parks to resume (which hold their tasks, which hold the loop) only
     # weakly, through the loop's own callback: a loop closed before running it is freed.
-    backend_of: list[_loop.AsyncioBackend] = []
+    backend_of: list[_asyncio_private.PrivateAsyncioBackend] = []
     freed = _close_a_loop_with_woken_parks_unresumed(backend_of)
     gc.collect()
     assert freed() is None
     assert backend_of[0]._batch() is None
+
+
+# -- which backend a loop gets, and the fallback when asyncio's internals are not as expected --
+
+
+@pytest.mark.asyncio
+async def test_the_watcher_of_each_loop_gets_the_backend_its_internals_allow(request: pytest.FixtureRequest) -> None:
+
+    backend = _registry.current().backend
+    lane = request.node.callspec.params["_asyncio_loop_factory"].__name__
+    private = lane == "new_event_loop" and isinstance(asyncio.get_running_loop(), asyncio.BaseEventLoop)
+    assert type(backend) is (_asyncio_private.PrivateAsyncioBackend if private else _asyncio.AsyncioBackend), lane
+    if not private:
+        assert type(backend.new_signal()) is not _asyncio_private._AsyncioPark
+        assert type(backend.new_park()) is _asyncio.FuturePark
+
+
+@pytest.mark.parametrize("variable", ["1", "yes", "0", ""])
+def test_the_environment_variable_holds_every_new_loop_to_the_public_backend(
+    variable: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(_backends.PUBLIC_ASYNCIO_VARIABLE, variable)
+    loop = asyncio.new_event_loop()
+    try:
+        public = type(_backends.asyncio_backend(loop)) is _asyncio.AsyncioBackend
+        assert public == (variable not in ("", "0"))
+    finally:
+        loop.close()
+
+
+class _TimersOfItsOwn(asyncio.SelectorEventLoop):
+    """asyncio's loop, handing out timers behind a handle of its own (as a loop that keeps its
+    timers elsewhere does): its heap is not where they are."""
+
+    def call_at(self, when: float, callback: Any, *args: Any, context: contextvars.Context | None = None) -> Any:
+        return _OwnHandle(super().call_at(when, callback, *args, context=context))
+
+
+class _OwnHandle:
+    """Not a ``TimerHandle``, not in the heap: what it is asked, it asks asyncio's handle."""
+
+    def __init__(self, handle: asyncio.TimerHandle) -> None:
+        self._handle = handle
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._handle, name)
+
+
+@pytest.mark.parametrize("internals", ["no _scheduled", "_scheduled not a list", "timers without _when", "timers kept elsewhere"])
+def test_the_capability_check_falls_back_to_the_public_backend(internals: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(_backends.PUBLIC_ASYNCIO_VARIABLE, raising=False)
+    loop: asyncio.AbstractEventLoop = _TimersOfItsOwn() if internals == "timers kept elsewhere" else asyncio.new_event_loop()
+    try:
+        with monkeypatch.context() as patched:
+            if internals == "no _scheduled":
+                patched.delattr(loop, "_scheduled")
+            elif internals == "_scheduled not a list":
+                patched.setattr(loop, "_scheduled", tuple(loop._scheduled))  # type: ignore[attr-defined]
+            elif internals == "timers without _when":
+                patched.setattr(loop, "_scheduled", [object()])
+            assert not _asyncio_private.supports(loop)
+            assert type(_backends.asyncio_backend(loop)) is _asyncio.AsyncioBackend
+    finally:
+        loop.close()
+
+
+def test_a_loop_whose_internals_fail_the_check_waits_through_the_public_backend() -> None:
+
+    async def wait() -> tuple[str, object]:
+        sim = SimulatedDriver()
+        with aiogpu.Stream(sim.device(0)) as stream:
+            work = sim.launch(stream)
+            event = stream.record()
+            task = asyncio.create_task(event.wait(strategy="thread"))
+            await asyncio.sleep(0)
+            work.release()
+            await asyncio.wait_for(task, 10)
+        backend = _registry.current().backend
+        return type(backend).__name__, backend.earliest_timer()
+
+    loop = _TimersOfItsOwn()
+    try:
+        assert loop.run_until_complete(wait()) == ("AsyncioBackend", None)
+    finally:
+        loop.close()
+
+
+@private_only
+async def test_parks_turn_into_futures_when_the_first_callback_kept_is_no_tasks_wakeup() -> None:
+    # A park keeps the first done-callback added to it only once the backend has seen that it is
+    # a method of the awaiting task; anything else turns the loop's parks off, and the park
+    # calls that callback as a future does.
+    backend = _private_backend(asyncio.get_running_loop())
+    park = backend.new_park()
+    called: list[object] = []
+    park.add_done_callback(called.append)  # type: ignore[attr-defined]
+    assert type(backend.new_signal()) is not _asyncio_private._AsyncioPark
+    later = backend.new_park()
+    assert type(later) is _asyncio.FuturePark
+    _park, resumed, task = await _park_with_a_task(backend)
+    park.set_result(None)
+    _park.wake_in_callback()
+    await asyncio.wait_for(task, 10)
+    assert called == [park]
+    assert resumed == ["the parked task"]
+
+
+@private_only
+async def test_the_first_tasks_wakeup_a_park_keeps_passes_the_check() -> None:
+    backend = _private_backend(asyncio.get_running_loop())
+    park, resumed, task = await _park_with_a_task(backend)
+    assert backend._wakeup_checked
+    assert type(backend.new_signal()) is _asyncio_private._AsyncioPark
+    park.wake_in_callback()
+    await asyncio.wait_for(task, 10)
+    assert resumed == ["the parked task"]

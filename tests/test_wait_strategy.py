@@ -845,8 +845,8 @@ async def _queries_per_beat(sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatc
     """When each query of a lone ``poll`` wait was made, grouped by the watcher's yields to the
     loop (and parks); each yield comes back ``beat_cost`` later at the earliest (as if other
     tasks had run meanwhile)."""
-    from aiogpu import _loop
     from aiogpu._wait import _watcher
+    from aiogpu._wait._backends import _asyncio, _trio
 
     beat = 0
     beats: dict[int, list[float]] = {}
@@ -874,7 +874,7 @@ async def _queries_per_beat(sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatc
         beat += 1
         await park(self, now, wake_at, precise)
 
-    for backend in (_loop.AsyncioBackend, _loop.TrioBackend):
+    for backend in (_asyncio.AsyncioBackend, _trio.TrioBackend):
         monkeypatch.setattr(backend, "yield_now", slowed(backend.yield_now))
     monkeypatch.setattr(_watcher.Watcher, "_park", counted_park)
     with aiogpu.Stream(sim.device(0)) as stream:
@@ -1037,7 +1037,8 @@ async def test_off_loop_strategies_never_watch_on_the_loop(
 async def test_waiter_and_timer_threads_ask_for_precise_sleeps(sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch) -> None:
     # Linux ends a thread's sleeps up to 50 µs late by default; these threads sleep until a
     # predicted completion (and the waiter threads pause between queries).
-    from aiogpu._wait import _daemon, _timer
+    from aiogpu import _daemon
+    from aiogpu._wait import _timer
 
     libc = ctypes.CDLL(None)
     pr_get_timerslack = 30

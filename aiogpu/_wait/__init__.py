@@ -46,6 +46,9 @@ import copy
 import time
 
 from . import _holds, _predict
+from ._backends import in_trio_run as in_trio_run
+from ._backends import in_trio_task as in_trio_task
+from ._backends import running_asyncio_loop as running_asyncio_loop
 from ._entries import Entry, joinable
 from ._recording import Recording as Recording  # noqa: TC001 (``Event``'s base type)
 from ._recording import is_own_stream_key as is_own_stream_key

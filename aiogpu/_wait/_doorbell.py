@@ -18,13 +18,13 @@ import ctypes
 import time
 from typing import TYPE_CHECKING
 
-from ._daemon import Daemon
-from ._per_process import PerProcess
+from .._daemon import Daemon
+from .._per_process import PerProcess
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from ._daemon import Next
+    from .._daemon import Next
 
 _SEM_T_SIZE = 64  # sizeof(sem_t) is 32 on 64-bit glibc; leave room
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from . import _holds, _predict
 
 if TYPE_CHECKING:
-    from .._loop import Signal
+    from ._backends import Signal
     from ._recording import Recording
     from ._strategy import WaitStrategy
     from ._thread import Subscriber

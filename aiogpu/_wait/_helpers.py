@@ -22,8 +22,8 @@ import weakref
 from typing import TYPE_CHECKING
 
 from .. import _driver
-from ._daemon import Executor
-from ._per_process import PerProcess
+from .._daemon import Executor
+from .._per_process import PerProcess
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -30,7 +30,7 @@ from ._strategy import OFF_LOOP
 from ._sweep import Sweep
 
 if TYPE_CHECKING:
-    from .._loop import Backend
+    from ._backends import Backend
     from ._entries import Queue
 
 

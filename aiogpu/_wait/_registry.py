@@ -13,7 +13,7 @@ from __future__ import annotations
 import weakref
 from typing import TYPE_CHECKING
 
-from .. import _loop
+from . import _backends
 from ._watcher import Watcher
 
 if TYPE_CHECKING:
@@ -47,8 +47,8 @@ _trio_watcher_var: object = None
 def current() -> Watcher:
     """The watcher of the running loop (per loop: never shared between loops)."""
     global _last_asyncio
-    trio = _loop.in_trio_task()  # first: a trio guest's tasks run inside an asyncio loop's callbacks
-    loop = _loop.running_asyncio_loop() if trio is None else None
+    trio = _backends.in_trio_task()  # first: a trio guest's tasks run inside an asyncio loop's callbacks
+    loop = _backends.running_asyncio_loop() if trio is None else None
     if loop is not None:
         last = _last_asyncio
         if last is not None and last[0]() is loop and (cached := last[1]()) is not None:
@@ -56,7 +56,7 @@ def current() -> Watcher:
         registration = _asyncio_watchers.get(loop)
         watcher = None if registration is None else registration.watcher()
         if watcher is None:
-            watcher = Watcher(_loop.AsyncioBackend(loop))
+            watcher = Watcher(_backends.asyncio_backend(loop))
             watcher.registration = _asyncio_watchers[loop] = Registration(watcher)
         _last_asyncio = (weakref.ref(loop), watcher.weak_self)
         return watcher
@@ -69,6 +69,6 @@ def current() -> Watcher:
     try:
         return run_var.get()  # type: ignore[attr-defined,no-any-return]
     except LookupError:
-        watcher = Watcher(_loop.TrioBackend(trio))
+        watcher = Watcher(_backends.trio_backend(trio))
         run_var.set(watcher)  # type: ignore[attr-defined]
         return watcher

@@ -30,7 +30,7 @@ from ._entries import Queue
 if TYPE_CHECKING:
     from collections import deque
 
-    from .._loop import Backend, Waiters
+    from ._backends import Backend, Waiters
     from ._entries import Entry
 
 _NOTHING, _HOME = _holds.NOTHING, _holds.HOME
@@ -277,9 +277,9 @@ class Sweep:
     def _wake(self) -> None:
         """Wake the tasks of the entries completed since the last call, in that order.
 
-        On asyncio's own loops the tasks woken here resume together in one callback on the
-        loop's next iteration (their signals are parks: ``_loop._AsyncioPark``), not one
-        scheduled callback each (``AsyncioBackend.set_signals``).
+        On asyncio's own loops (where ``_backends._asyncio_private`` serves them) the tasks
+        woken here resume together in one callback on the loop's next iteration (their signals
+        are parks), not one scheduled callback each (``PrivateAsyncioBackend.set_signals``).
         """
         self.backend.set_signals(self._waking)
 

@@ -45,13 +45,13 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ._daemon import IDLE_SECONDS, Daemon
-from ._per_process import PerProcess
+from .._daemon import IDLE_SECONDS, Daemon
+from .._per_process import PerProcess
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from ._daemon import Next
+    from .._daemon import Next
     from ._recording import Recording
 
 MAX_THREADS = 32

@@ -18,13 +18,13 @@ import itertools
 import time
 from typing import TYPE_CHECKING
 
-from ._daemon import Daemon
-from ._per_process import PerProcess
+from .._daemon import Daemon
+from .._per_process import PerProcess
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from ._daemon import Next
+    from .._daemon import Next
 
 
 class Timer:

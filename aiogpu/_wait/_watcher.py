@@ -25,14 +25,13 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from .. import _loop
-from . import _doorbell, _entries, _policy, _timer
+from . import _backends, _doorbell, _entries, _policy, _timer
 from ._plan import Planner
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Generator
 
-    from .._loop import Backend, Park, Signal
+    from ._backends import Backend, Park, Signal
     from ._entries import Entry, Queue
     from ._recording import Recording
     from ._registry import Registration
@@ -107,7 +106,7 @@ class Watcher(Planner):
     def poke(self) -> None:
         """Look again now (loop thread, a task's step: a new wait)."""
         if self._parked is not None:
-            _loop.set_signal(self._parked)
+            _backends.set_signal(self._parked)
 
     async def drive(self, until: Signal | None) -> None:
         """Sweep, plan and sleep until no wait is left, or until ``until`` is set.
@@ -280,7 +279,7 @@ class Watcher(Planner):
         pending, since ``poll`` starts no thread. Only while waits are pending: the wake-up that
         ends the last one leaves the loop's next sleep as asyncio rounds it.
 
-        asyncio rounds its sleeps up to whole milliseconds (``AsyncioBackend.earliest_timer``),
+        asyncio rounds its sleeps up to whole milliseconds (``PrivateAsyncioBackend.earliest_timer``),
         so a timer due a fraction of a millisecond after the loop went to sleep fires up to
         1 ms late. Once per timer: woken at a timer's time, the loop sleeps to its next one as
         it would without aiogpu. It costs a thread wake-up per timer and keeps the application's

@@ -14,7 +14,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ..._driver import DEFAULT_STREAM_HANDLES, PER_THREAD_STREAM, cuda_error, refuse_after_fork
-from ..._loop import in_trio_run, running_asyncio_loop
+from ..._wait import in_trio_run, running_asyncio_loop
 from ._memory import MemoryMap
 from ._model import Gate, Op, SimContext, SimEvent, SimStream, driver_error
 
