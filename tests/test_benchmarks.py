@@ -12,19 +12,21 @@ from typing import Any
 
 import pytest
 
-from benchmarks import baselines
+from benchmarks import baselines, wake
 from tests.conftest import gpu_unavailable_reason
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_on_the_simulated_device(benchmark: str, out: Path, timeout: float) -> subprocess.CompletedProcess[str]:
-    """``python -m benchmarks.BENCHMARK --quick --out OUT`` from the project root, where no GPU is
-    (where one is, the benchmark would measure it: run it by hand)."""
+def run_on_the_simulated_device(
+    benchmark: str, out: Path, timeout: float, *arguments: str, quick: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """``python -m benchmarks.BENCHMARK --quick --out OUT ARGUMENTS`` from the project root, where
+    no GPU is (where one is, the benchmark would measure it: run it by hand)."""
     if gpu_unavailable_reason() is None:
         pytest.skip("a GPU is here: the benchmark would measure it (run it by hand)")
     run = subprocess.run(
-        [sys.executable, "-m", f"benchmarks.{benchmark}", "--quick", "--out", str(out)],
+        [sys.executable, "-m", f"benchmarks.{benchmark}", *(["--quick"] if quick else []), "--out", str(out), *arguments],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -92,7 +94,49 @@ def test_the_wake_benchmark_runs_on_the_simulated_device_and_labels_it(tmp_path:
         if waiters == 10_000 and strategy == "aiogpu auto":
             assert ms > 10 * freeing[loop, waiters, streams, own, "floor: sync last event per stream"] > 0
     assert run.stdout.count("fan-out") >= len(result["fanout"])  # a progress line per case
+    assert {row["strategy"] for row in result["sustained"]["rows"]} == set(wake.SUSTAINED_WAYS)
     assert (tmp_path / "wake.png").read_bytes().startswith(b"\x89PNG"), run.stdout[-500:]  # the chart
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.slow
+def test_the_sustained_load_runs_every_way_of_waiting_against_its_floor(tmp_path: Path) -> None:
+    run = run_on_the_simulated_device("wake", tmp_path, 100, "--parts", "sustained")
+    result = json.loads((tmp_path / "wake.json").read_text())
+    assert result["environment"]["simulated"] is True
+    assert "latency" not in result and "fanout" not in result  # only the part asked for
+    sustained = result["sustained"]
+    floor = sustained["floor"]
+    assert floor["streams"] == 64 and floor["waiters"] >= 1_000 and floor["kernel_us"] >= 500
+    assert floor["planned_waits"] == floor["waiters"] * floor["turns"] and floor["turns"] >= 2
+    # The floor runs the kernels back to back: never faster than the busiest stream's kernels.
+    assert floor["wall_ms"] >= floor["device_ms"] > 0
+    assert floor["launch_cpu_us"] > 0
+    loops = {row["loop"] for row in sustained["rows"]}
+    assert "asyncio" in loops
+    for loop in loops:
+        assert [row["strategy"] for row in sustained["rows"] if row["loop"] == loop] == list(wake.SUSTAINED_WAYS)
+    for row in sustained["rows"]:
+        assert row["planned_waits"] == floor["planned_waits"]
+        # One run in quick mode: it did all its turns, or stopped starting them at the cap.
+        assert 0 < row["waits"] <= row["planned_waits"], row
+        assert row["stopped_early"] == (row["waits"] < row["planned_waits"]), row
+        assert row["wall_ratio_to_floor"] == pytest.approx(row["wall_ms"] / floor["wall_ms"])
+        assert row["wall_ms"] * 1.01 >= floor["device_ms"], row  # no way of waiting beats the GPU
+        assert row["cores"] > 0 and row["waiting_cores"] < row["cores"], row
+        assert row["waiting_cpu_us_per_wait"] == pytest.approx(row["cpu_us_per_wait"] - floor["launch_cpu_us"])
+    # Each goal once per loop, judged on one of the ways it is about, met or not.
+    goals = {(goal["goal"], goal["loop"]): goal for goal in sustained["goals"]}
+    assert set(goals) == {(goal, loop) for goal, *_ in wake.SUSTAINED_GOALS for loop in loops}
+    for (name, _), goal in goals.items():
+        assert goal["strategy"] in {g: ways for g, ways, *_ in wake.SUSTAINED_GOALS}[name]
+        assert goal["met"] == (goal["ratio"] <= goal["max_ratio"] and goal["waiting_cores"] <= goal["max_cores"])
+    assert run.stdout.count("goal: ") == len(goals)
+    assert run.stdout.count("sustained ") == 1 + len(sustained["rows"])  # a progress line per run
+    markdown = (tmp_path / "wake.md").read_text()
+    assert "Sustained load: 1,000 tasks on 64 streams" in markdown
+    assert markdown.count("| aiogpu auto |") == len(loops)
+    assert (tmp_path / "wake.png").read_bytes().startswith(b"\x89PNG")
 
 
 class _RecordedEvent:
