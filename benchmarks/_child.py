@@ -21,8 +21,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-#: Where the engine's tunables live: the policy module where there is one, the watcher before it.
-POLICY_MODULES = ("aiogpu._wait._policy", "aiogpu._wait._watcher")
+#: Where the engine's tunables live: the policy module, and where there is none (an engine from
+#: before it), the watcher.
+POLICY = "aiogpu._wait._policy"
+FALLBACKS = {POLICY: ("aiogpu._wait._watcher",)}
 #: The benchmark modules a child may run, and the results file each writes.
 RESULTS = {
     "wake": "wake.json",
@@ -47,12 +49,12 @@ def run(
     benchmarks_tree: Path,
     out: Path,
     arguments: list[str],
-    patches: list[tuple[str, Any]] | None = None,
+    patches: list[tuple[str, str, Any]] | None = None,
     timeout: float | None = None,
 ) -> dict[str, Any]:
     """Run ``python -m benchmarks.BENCH --out OUT ARGUMENTS`` with ``aiogpu`` from ``aiogpu_tree``
-    and ``benchmarks`` from ``benchmarks_tree``, after setting each ``(attribute, value)`` of
-    ``patches`` in the engine's policy module. Returns the benchmark's JSON results plus a
+    and ``benchmarks`` from ``benchmarks_tree``, after setting each ``(module, attribute, value)``
+    of ``patches`` (``_apply``; JSON carries the values: ``encode`` infinities). Returns the benchmark's JSON results plus a
     ``child`` entry: the aiogpu file imported, the changes made and the run's wall seconds.
 
     Raises:
@@ -99,23 +101,34 @@ def run(
     return result
 
 
-def _apply(patches: list[tuple[str, Any]]) -> list[dict[str, Any]]:
-    """Set each tunable in every policy module that has it (a module that imported it by name
-    keeps its own binding: both must change). Raises ``LookupError`` naming the modules tried."""
+def owners(name: str, attribute: str) -> list[Any]:
+    """The modules that hold the tunable ``attribute``: ``name`` and each of its ``FALLBACKS``
+    that can be imported and has it."""
     import importlib
 
-    modules = []
-    for name in POLICY_MODULES:
+    found = []
+    for candidate in (name, *FALLBACKS.get(name, ())):
         try:
-            modules.append(importlib.import_module(name))
-        except ImportError:
+            module = importlib.import_module(candidate)
+        except ModuleNotFoundError as exc:
+            if exc.name != candidate:  # the module is there, and broken
+                raise
             continue
+        if hasattr(module, attribute):
+            found.append(module)
+    return found
+
+
+def _apply(patches: list[tuple[str, str, Any]]) -> list[dict[str, Any]]:
+    """Set each ``module.attribute`` in every module of ``owners`` (a module that imported a
+    tunable by name keeps a binding of its own: both must change). Raises ``LookupError``
+    naming the modules tried where none has it."""
     applied = []
-    for attribute, value in patches:
-        owners = [module for module in modules if hasattr(module, attribute)]
-        if not owners:
-            raise LookupError(f"no tunable {attribute} in {' or '.join(POLICY_MODULES)}")
-        for module in owners:
+    for name, attribute, value in patches:
+        found = owners(name, attribute)
+        if not found:
+            raise LookupError(f"no tunable {attribute} in {' or '.join((name, *FALLBACKS.get(name, ())))}")
+        for module in found:
             applied.append(
                 {"module": module.__name__, "attribute": attribute, "was": repr(getattr(module, attribute)), "now": repr(value)}
             )
@@ -144,7 +157,9 @@ def encode(value: Any) -> Any:
 def _main() -> None:
     module, arguments = sys.argv[1], sys.argv[2:]
     out = Path(arguments[arguments.index("--out") + 1])
-    patches = [(attribute, _decode(value)) for attribute, value in json.loads(os.environ.get(_PATCHES_VARIABLE, "[]"))]
+    patches = [
+        (module, attribute, _decode(value)) for module, attribute, value in json.loads(os.environ.get(_PATCHES_VARIABLE, "[]"))
+    ]
     applied = _apply(patches)
     import aiogpu
 
