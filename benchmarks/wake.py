@@ -123,7 +123,7 @@ SUSTAINED_WAITERS = 10_000
 SUSTAINED_STREAMS = 64
 SUSTAINED_KERNEL = 1e-3
 #: Each run is as many turns as make about this much GPU time on every stream.
-SUSTAINED_SECONDS = 2.0
+SUSTAINED_SECONDS = 3.0
 SUSTAINED_REPEATS = 2
 #: A way of waiting that falls this far behind the floor's wall stops starting new turns (its
 #: wall is then scaled to the work it did): a slow baseline must not take minutes.
