@@ -7,6 +7,7 @@ written by an older benchmark) are left out, never guessed.
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Any
 
@@ -29,6 +30,29 @@ LOWER_IS_BETTER = {
     "speed-up": False,
     "wall / overlap floor": True,
 }
+
+
+#: A change is called only where runs that all measure the same thing would show it by chance at
+#: most this often (on a given metric and side).
+CHANCE_MAX = 0.05
+
+
+def chance(runs: int, other_runs: int) -> float:
+    """How often every one of ``runs`` values lies beyond every one of ``other_runs`` values on a
+    given side by chance alone (all the runs measuring the same thing)."""
+    return 1 / math.comb(runs + other_runs, runs)
+
+
+def judge(reference: list[float], changed: list[float], lower_is_better: bool) -> str:
+    """``worse`` where every ``changed`` value is worse than every ``reference`` value, ``better``
+    where every one is better, else ``within noise``: the two sides' own spread is the noise;
+    ``too few runs`` where chance alone would give such a call more often than ``CHANCE_MAX``."""
+    if chance(len(changed), len(reference)) > CHANCE_MAX:
+        return "too few runs"
+    above, below = min(changed) > max(reference), max(changed) < min(reference)
+    if above or below:
+        return "worse" if above == lower_is_better else "better"
+    return "within noise"
 
 
 def metrics(bench: str, result: dict[str, Any]) -> dict[tuple[str, str], float]:

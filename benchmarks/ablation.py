@@ -14,7 +14,7 @@ that the machine's drift reaches them alike.
 every all-on run, and *costs* where every run with it off is better; otherwise the difference
 is *within noise*: the all-on runs' own spread is the noise. With three rounds (three runs off,
 six all on) a heuristic that changes nothing gets such a flag on a given metric and side by
-chance once in 84 (``chance``); with fewer runs, where that is more often than once in 20, no
+chance once in 84 (``_metrics.chance``); with fewer runs, where that is more often than once in 20, no
 judgement is made. The report says how many metrics each heuristic was judged on, and a flag
 is worth a rerun of that heuristic alone (``--heuristics NAME --rounds 5``). A heuristic that
 pays on some metric and costs on none *pays*; one that costs on some and pays on none *costs*;
@@ -88,26 +88,11 @@ HEURISTICS: dict[str, list[tuple[str, str, Any]]] = {
 ALL_ON = "all on"
 
 
-#: A judgement is made only where a heuristic that changes nothing would get it by chance at
-#: most this often (on a given metric and side).
-CHANCE_MAX = 0.05
-
-
-def chance(off_runs: int, on_runs: int) -> float:
-    """How often every one of ``off_runs`` values lies beyond every one of ``on_runs`` values on
-    a given side by chance alone (all the runs measuring the same thing)."""
-    return 1 / math.comb(off_runs + on_runs, off_runs)
-
-
 def judge(on: list[float], off: list[float], lower_is_better: bool) -> str:
     """``pays`` where every off value is worse than every all-on value, ``costs`` where every
-    one is better, else ``within noise``; ``too few runs`` where chance alone would give such a
-    flag more often than ``CHANCE_MAX``."""
-    if chance(len(off), len(on)) > CHANCE_MAX:
-        return "too few runs"
-    worse_off = min(off) > max(on) if lower_is_better else max(off) < min(on)
-    better_off = max(off) < min(on) if lower_is_better else min(off) > max(on)
-    return "pays" if worse_off else "costs" if better_off else "within noise"
+    one is better, else ``within noise`` or ``too few runs`` (``_metrics.judge``)."""
+    judgement = _metrics.judge(on, off, lower_is_better)
+    return {"worse": "pays", "better": "costs"}.get(judgement, judgement)
 
 
 def verdicts(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -174,7 +159,7 @@ def markdown(result: dict[str, Any]) -> str:
         else environment.get("device")
     )
     runs_on = sum(run["configuration"] == ALL_ON and not run.get("error") for run in result["runs"])
-    odds = round(1 / chance(result["rounds"], runs_on)) if runs_on else 0
+    odds = round(1 / _metrics.chance(result["rounds"], runs_on)) if runs_on else 0
     lines = [
         f"# Ablation of the wake engine's heuristics, `benchmarks.{result['bench']}`: {where}, {environment.get('date')}",
         "",

@@ -9,11 +9,12 @@ measurement code (``benchmarks._child``); the benchmarks use only aiogpu's publi
 benchmark (``--quick``, ``--parts``, ...).
 
 Writes ``compare.json`` (every run's figures) and ``compare.md`` (per workload and metric: each
-side's median and range over its runs and the ratio new/old, with whether new is better or
-worse beyond the two sides' ranges) to ``--out``, and prints the table. Each child's own output
+side's median and range over its runs, new / old and new - old, and *better* or *worse* where
+every new run lies beyond every old one: by chance alone once in 20 with three rounds, and no
+verdict with fewer) to ``--out``, and prints the table. Each child's own output
 and results stay under ``--out/old-N`` and ``--out/new-N``.
 
-Run:  python -m benchmarks.compare --old OLD_TREE --new NEW_TREE [--bench wake] [--rounds 2]
+Run:  python -m benchmarks.compare --old OLD_TREE --new NEW_TREE [--bench goals] [--rounds 3]
           [--out DIR] [-- BENCHMARK ARGUMENTS]
 """
 
@@ -34,9 +35,9 @@ BENCHES = tuple(_child.RESULTS)
 
 
 def side_by_side(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (workload, metric) found in both sides: medians, ranges, new/old and a verdict:
-    ``better`` or ``worse`` where new's median lies beyond old's whole range and old's median
-    beyond new's (each side's own spread is the noise), else ``within noise``."""
+    """Per (workload, metric) found in both sides: medians, ranges, new/old and a verdict
+    (``_metrics.judge``): ``better`` or ``worse`` where every new run lies beyond every old one,
+    ``within noise`` otherwise, ``too few runs`` with fewer than three of each."""
     values: dict[tuple[str, str], dict[str, list[float]]] = {}
     for run in runs:
         for key, value in run["metrics"].items():
@@ -48,11 +49,7 @@ def side_by_side(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         old_median, new_median = statistics.median(old), statistics.median(new)
         lower_is_better = _metrics.LOWER_IS_BETTER.get(metric, True)
-        verdict = "within noise"
-        if new_median > max(old) and old_median < min(new):
-            verdict = "worse" if lower_is_better else "better"
-        elif new_median < min(old) and old_median > max(new):
-            verdict = "better" if lower_is_better else "worse"
+        verdict = _metrics.judge(old, new, lower_is_better)
         table.append(
             {
                 "workload": workload,
@@ -87,8 +84,9 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         f"Old: `{result['old']}`; new: `{result['new']}`; {result['rounds']} runs each, interleaved; benchmark arguments:"
         f" `{' '.join(result['arguments']) or '(none)'}`. Medians over the runs, the range beside; new / old only where"
-        " both are positive. A verdict other than *within noise* means each side's median lies beyond the other side's"
-        " whole range.",
+        " both are positive. *Better* or *worse*: every new run beyond every old one, which runs that all measure the"
+        f" same thing would show by chance once in {round(1 / _metrics.chance(result['rounds'], result['rounds']))} on a"
+        " given metric and side (no verdict where that is more often than once in 20).",
         "",
         "| workload | metric | old | new | new / old | new - old | verdict | old range | new range |",
         "|---|---|---:|---:|---:|---:|---|---|---|",
@@ -154,7 +152,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--old", type=Path, required=True, help="the tree of the current engine (a git archive unpacked)")
     parser.add_argument("--new", type=Path, default=Path("."), help="the tree of the new engine, and of the benchmarks")
     parser.add_argument("--bench", choices=BENCHES, default="goals")
-    parser.add_argument("--rounds", type=int, default=2, help="runs of each tree")
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each tree (a verdict needs three)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/compare"))
     arguments = parser.parse_args(argv)
     if arguments.rounds < 1:
