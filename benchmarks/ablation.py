@@ -174,7 +174,10 @@ def markdown(result: dict[str, Any]) -> str:
         "|---|---|---|---|---|---:|",
     ]
     for row in result["table"]:
-        changes = ", ".join(f"`{attribute} = {value!r}`" for _, attribute, value in HEURISTICS.get(row["heuristic"], []))
+        changes = ", ".join(
+            f"`{attribute} = {'sys.maxsize' if value == sys.maxsize else repr(value)}`"
+            for _, attribute, value in HEURISTICS.get(row["heuristic"], [])
+        )
         pays = "; ".join(f"{m['workload']}: {m['metric']}" for m in row["metrics"] if m["judgement"] == "pays")
         costs = "; ".join(f"{m['workload']}: {m['metric']}" for m in row["metrics"] if m["judgement"] == "costs")
         verdict = row["verdict"] + (f" ({row['errors'][0].splitlines()[-1]})" if row["errors"] else "")
