@@ -3,8 +3,8 @@ some of the engine's tunables changed first: the shared runner of ``compare`` an
 
 The child's ``sys.path`` starts with a folder holding only an ``aiogpu`` link to the tree under
 test, then the root of the tree the benchmarks come from, so both sides of a comparison run the
-same measurement code; its working directory is the run's output folder, so neither tree's
-root is found there first. The child writes ``child.json`` beside the benchmark's own results:
+same measurement code; its working directory is that folder, so neither tree's root is found
+first. The child writes ``child.json`` beside the benchmark's own results:
 which ``aiogpu`` it imported and what it changed.
 
 This module never imports ``aiogpu`` in the parent: only the child does, after its path is set.
@@ -17,6 +17,7 @@ import os
 import runpy
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -64,38 +65,35 @@ def run(
     """
     if bench not in RESULTS:
         raise ValueError(f"unknown benchmark {bench!r}: expected one of {', '.join(RESULTS)}")
+    out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    link_folder = out / "path"
-    link_folder.mkdir(exist_ok=True)
-    link = link_folder / "aiogpu"
-    if link.is_symlink() or link.exists():
-        link.unlink()
-    link.symlink_to(aiogpu_tree / "aiogpu", target_is_directory=True)
-    environment = dict(os.environ)
-    inherited = environment.get("PYTHONPATH", "")
-    environment["PYTHONPATH"] = os.pathsep.join(
-        [str(link_folder), str(benchmarks_tree), *filter(None, inherited.split(os.pathsep))]
-    )
-    environment["PYTHONUNBUFFERED"] = "1"
-    environment[_PATCHES_VARIABLE] = json.dumps(patches or [])
-    started = time.perf_counter()
-    child = subprocess.run(
-        [sys.executable, "-m", "benchmarks._child", f"benchmarks.{bench}", "--out", str(out), *arguments],
-        cwd=out,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    wall = time.perf_counter() - started
+    with tempfile.TemporaryDirectory(prefix="aiogpu-bench-") as link_folder:  # the link never lands among the results
+        (Path(link_folder) / "aiogpu").symlink_to(aiogpu_tree / "aiogpu", target_is_directory=True)
+        environment = dict(os.environ)
+        inherited = environment.get("PYTHONPATH", "")
+        environment["PYTHONPATH"] = os.pathsep.join(
+            [link_folder, str(benchmarks_tree), *filter(None, inherited.split(os.pathsep))]
+        )
+        environment["PYTHONUNBUFFERED"] = "1"
+        environment[_PATCHES_VARIABLE] = json.dumps(patches or [])
+        started = time.perf_counter()
+        child = subprocess.run(
+            [sys.executable, "-m", "benchmarks._child", f"benchmarks.{bench}", "--out", str(out), *arguments],
+            cwd=link_folder,
+            env=environment,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        wall = time.perf_counter() - started
     (out / "stdout.txt").write_text(child.stdout)
     (out / "stderr.txt").write_text(child.stderr)
     if child.returncode:
         raise RuntimeError(f"benchmarks.{bench} exited with {child.returncode}:\n{(child.stdout + child.stderr)[-3000:]}")
     info = json.loads((out / "child.json").read_text())
-    if Path(info["aiogpu_file"]).resolve().parent != (aiogpu_tree / "aiogpu").resolve():
-        raise RuntimeError(f"the child imported {info['aiogpu_file']}, not the aiogpu of {aiogpu_tree}")
+    if Path(info["aiogpu_tree"]) != aiogpu_tree.resolve():
+        raise RuntimeError(f"the child imported the aiogpu of {info['aiogpu_tree']}, not that of {aiogpu_tree}")
     result: dict[str, Any] = json.loads((out / RESULTS[bench]).read_text())
     result["child"] = {**info, "wall_s": wall}
     return result
