@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     Wait = Callable[[], Awaitable[None]]
     Maker = Callable[[aiogpu.Stream], tuple[Wait, Callable[[], None]]]
 
+#: aiogpu's wait strategies, as the installed aiogpu names them.
+STRATEGIES: tuple[str, ...] = get_args(aiogpu.WaitStrategy)
+
 
 def _import(name: str) -> Any:
     if importlib.util.find_spec(name.split(".")[0]) is None:

@@ -21,7 +21,17 @@ def _title(environment: dict[str, Any]) -> str:
 
 def markdown(result: dict[str, Any]) -> str:
     lines = [f"# Wake-up benchmark: {_title(result['environment'])}", ""]
-    lines += [
+    if "latency" in result:
+        lines += _latency_markdown(result)
+    if "fanout" in result:
+        lines += _fanout_markdown(result)
+    if "sustained" in result:
+        lines += _sustained_markdown(result["sustained"])
+    return "\n".join(lines) + "\n"
+
+
+def _latency_markdown(result: dict[str, Any]) -> list[str]:
+    lines = [
         "Overhead is over the floor (a spinning `cuEventSynchronize` on the loop) in the same run; each",
         "workload's ways of waiting are measured in interleaved rounds (older results: one after the other);",
         "CPU is process CPU time per wait. Lag is how late the loop reads input that another process",
@@ -52,7 +62,11 @@ def markdown(result: dict[str, Any]) -> str:
             )
             + ".",
         ]
-    lines += [
+    return lines
+
+
+def _fanout_markdown(result: dict[str, Any]) -> list[str]:
+    lines = [
         "",
         "Fan-out: waiting tasks awaiting events queued behind a latch on N streams (20 µs kernels),",
         "released at once; medians of repeated runs, the waiters interleaved, and the best run (what the",
@@ -84,7 +98,42 @@ def markdown(result: dict[str, Any]) -> str:
             f"{row.get('wall_best_ratio_to_floor', float('nan')):.2f}x | {row.get('freeing_ms', float('nan')):.2f} | "
             f"{row.get('host_probe_ms', float('nan')):.2f} / {row.get('host_probe_slowest_ms', float('nan')):.2f} |"
         )
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def _sustained_markdown(sustained: dict[str, Any]) -> list[str]:
+    floor = sustained["floor"]
+    lines = [
+        "",
+        f"Sustained load: {floor['waiters']:,} tasks on {floor['streams']} streams, each in turn launching a"
+        f" {floor['kernel_us']:.0f} µs kernel on its stream, recording its event and awaiting it, {floor['turns']} turns"
+        f" ({floor['planned_waits']:,} waits a run): every stream keeps its kernels queued while the waits",
+        "complete steadily. The floor makes the same launches and recordings from a plain loop that synchronizes",
+        "each event in turn (no task at all), so the GPU runs the kernels back to back:"
+        f" {floor['wall_ms']:.1f} ms (median; the kernels alone {floor['device_ms']:.1f} ms on the busiest stream),"
+        f" {floor['launch_cpu_us']:.2f} µs of CPU a turn to launch and record.",
+        "Cores are process CPU time over wall; *waiting* cores and CPU leave out the launches' and recordings'",
+        "own CPU (the floor's, per turn): what the way of waiting costs. Medians of the repeats, interleaved; a way",
+        "that fell behind stopped starting turns at twice the floor's wall, and its wall is scaled to the planned",
+        "work at the pace it kept (stopped runs: last column).",
+        "",
+        "| loop | strategy | waits | wall ms | vs floor | cores | waiting cores | CPU µs/wait | waiting CPU µs/wait | stopped early |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in sustained["rows"]:
+        lines.append(
+            f"| {row['loop']} | {row['strategy']} | {row['waits']:,} | {row['wall_ms']:.1f} | {row['wall_ratio_to_floor']:.3f}x |"
+            f" {row['cores']:.2f} | {row['waiting_cores']:.2f} | {row['cpu_us_per_wait']:.2f} | {row['waiting_cpu_us_per_wait']:.2f} |"
+            f" {row['stopped_early']} |"
+        )
+    lines += ["", "Goals (the best of the ways each is about, on each loop):", ""]
+    for goal in sustained["goals"]:
+        lines.append(
+            f"- {goal['goal']} ≤ {goal['max_ratio']:.2f}x the floor at ≤ {goal['max_cores']:.2f} waiting cores, {goal['loop']}:"
+            f" {goal['strategy']} {goal['ratio']:.3f}x at {goal['waiting_cores']:.2f} cores ({goal['cores']:.2f} in all):"
+            f" **{'met' if goal['met'] else 'not met'}**"
+        )
+    return lines
 
 
 def chart(result: dict[str, Any], path: Path) -> Path | None:
@@ -97,13 +146,18 @@ def chart(result: dict[str, Any], path: Path) -> Path | None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-    floors = {row["work_us"]: row for row in result["latency"] if row["strategy"].startswith("floor")}
-    rows = [row for row in result["latency"] if not row["strategy"].startswith("floor")]
+    latency = result.get("latency", [])
+    floors = {row["work_us"]: row for row in latency if row["strategy"].startswith("floor")}
+    rows = [row for row in latency if not row["strategy"].startswith("floor")]
     workloads = sorted({row["work_us"] for row in rows})
     strategies = sorted({row["strategy"] for row in rows})
+    sustained = result.get("sustained")
+    panels = len(workloads) + (sustained is not None)
+    if not panels:
+        return None
     markers = "os^Dv<>pPX*h"
-    figure, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 5.5), squeeze=False)
-    for axis, work in zip(axes[0], workloads, strict=True):
+    figure, axes = plt.subplots(1, panels, figsize=(max(6 * panels, 9), 5.5), squeeze=False)
+    for axis, work in zip(axes[0], workloads, strict=False):
         for index, strategy in enumerate(strategies):
             for row in rows:
                 if row["work_us"] == work and row["strategy"] == strategy:
@@ -130,10 +184,50 @@ def chart(result: dict[str, Any], path: Path) -> Path | None:
         axis.set_ylabel(f"p50 wake-up overhead over the floor, µs (≤ {OVERHEAD_SHOWN_MIN_US} drawn at {OVERHEAD_SHOWN_MIN_US})")
         axis.set_title(f"{work:.0f} µs of GPU work")
         axis.grid(True, which="both", alpha=0.3)
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    figure.legend(handles, labels, loc="lower center", ncol=4, fontsize=8)
-    figure.suptitle(f"Waiting for the GPU: lower left is better — {_title(result['environment'])}", fontsize=10)
-    figure.tight_layout(rect=(0, 0.12, 1, 0.95))
+    if sustained is not None:
+        _sustained_panel(axes[0][-1], sustained, markers)
+    if workloads:
+        handles, labels = axes[0][0].get_legend_handles_labels()
+        figure.legend(handles, labels, loc="lower center", ncol=4, fontsize=8)
+    figure.suptitle(f"Waiting for the GPU: lower left is better — {_title(result['environment'])}", fontsize=10, wrap=True)
+    figure.tight_layout(rect=(0, 0.12 if workloads else 0, 1, 0.93))
     figure.savefig(path, dpi=110)
     plt.close(figure)
     return path
+
+
+def _sustained_panel(axis: Any, sustained: dict[str, Any], markers: str) -> None:
+    """Sustained load: wall over the floor against waiting cores, a point per way and loop, and
+    the goals' boxes (lower left of a box meets that goal)."""
+    strategies = sorted({row["strategy"] for row in sustained["rows"]})
+    loops = sorted({row["loop"] for row in sustained["rows"]})
+    left = min([0.01, *(row["waiting_cores"] for row in sustained["rows"] if row["waiting_cores"] > 0)]) / 2
+    for row in sustained["rows"]:
+        index = strategies.index(row["strategy"])
+        axis.scatter(
+            max(row["waiting_cores"], left),
+            row["wall_ratio_to_floor"],
+            marker=markers[index % len(markers)],
+            s=60,
+            facecolors="none" if loops.index(row["loop"]) else None,
+            color="C3" if row["strategy"].startswith("aiogpu") else f"C{index % 3}",
+            label=f"{row['strategy']}, {row['loop']}",
+        )
+    for index, goal in enumerate(
+        dict.fromkeys((goal["goal"], goal["max_ratio"], goal["max_cores"]) for goal in sustained["goals"])
+    ):
+        name, ratio, cores = goal
+        axis.plot(
+            [left, cores, cores], [ratio, ratio, 0.95], color=f"C{4 + index}", linestyle="--", linewidth=1, label=f"goal: {name}"
+        )
+    floor = sustained["floor"]
+    axis.set_xscale("log")
+    axis.set_xlabel("cores busy waiting (process CPU over wall, less the launches')")
+    axis.set_ylabel("wall over the floor")
+    axis.set_title(
+        f"sustained load: {floor['waiters']:,} waiters, {floor['streams']} streams, {floor['kernel_us']:.0f} µs kernels"
+        " (hollow: the second loop)",
+        fontsize=9,
+    )
+    axis.grid(True, which="both", alpha=0.3)
+    axis.legend(fontsize=6, loc="upper left")

@@ -37,11 +37,25 @@ countdown. Fan-out runs on asyncio and again on uvloop where it is installed (uv
 The garbage collector is off while a fan-out runs (as ``timeit`` does). Before each fan-out run
 a fixed pure-Python loop is timed (``host_probe``): how fast the host ran Python at that moment.
 
-Writes ``wake.json``, ``wake.md`` and ``wake.png`` (latency overhead against CPU per wait, one
-point per strategy and workload) to ``--out`` and prints a progress line per case. Without a
-GPU it runs on aiogpu's simulated device and labels every figure as simulated.
+and sustained load: 10,000 tasks on 64 streams, each in turn launching a kernel of
+``SUSTAINED_KERNEL`` on its stream, recording its event and awaiting it, again and again for
+about ``SUSTAINED_SECONDS`` of GPU time, so that every stream always has about 156 kernels
+queued and completions arrive steadily rather than in one released burst: wall time against
+its floor (the same launches and recordings made by a plain loop that synchronizes each event in
+turn, no task at all: the kernels back to back on every stream at once, as the GPU runs them)
+and CPU as cores busy (process CPU time over wall), in all and less the launches' and
+recordings' own CPU (measured in the floor run): what the way of waiting costs. On asyncio and
+uvloop, for every strategy and ``asyncio.to_thread(event.synchronize)``, ``SUSTAINED_REPEATS``
+times interleaved; a way that falls behind stops starting new turns at ``SUSTAINED_CAP`` times
+the floor's wall and its wall is scaled to the work it did. The goals (``SUSTAINED_GOALS``) are
+printed as met or not met.
 
-Run:  python -m benchmarks.wake [--quick] [--out DIR]
+Writes ``wake.json``, ``wake.md`` and ``wake.png`` (latency overhead against CPU per wait, one
+point per strategy and workload, and the sustained load's wall against cores) to ``--out`` and
+prints a progress line per case. Without a GPU it runs on aiogpu's simulated device and labels
+every figure as simulated. ``--parts`` runs some of latency, fan-out and sustained load only.
+
+Run:  python -m benchmarks.wake [--quick] [--parts latency fanout sustained] [--out DIR]
 """
 
 from __future__ import annotations
@@ -69,7 +83,7 @@ from aiogpu.testing import Latch, SimulatedDriver, launch_spin
 from . import baselines, report
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Callable, Coroutine
 
 WORKLOADS = (20e-6, 200e-6, 5e-3)
 FANOUT_WAITERS = (1_000, 10_000)
@@ -101,6 +115,34 @@ LAG_SECONDS = 0.5
 #: Each workload's ways of waiting are measured in this many rounds, one after the other within
 #: a round (the machine drifts: a noisy second must not land on one way of waiting alone).
 LATENCY_ROUNDS = 5
+#: Sustained load: this many tasks (task i on stream i % ``SUSTAINED_STREAMS``), each awaiting an
+#: event of its own, in turn, behind a kernel of ``SUSTAINED_KERNEL`` it launched; every stream
+#: keeps about 156 kernels queued (312 operations with the recordings: within
+#: ``OPERATIONS_PER_STREAM_MAX``), and 64 streams complete 64,000 waits a second.
+SUSTAINED_WAITERS = 10_000
+SUSTAINED_STREAMS = 64
+SUSTAINED_KERNEL = 1e-3
+#: Each run is as many turns as make about this much GPU time on every stream.
+SUSTAINED_SECONDS = 3.0
+SUSTAINED_REPEATS = 2
+#: A way of waiting that falls this far behind the floor's wall stops starting new turns (its
+#: wall is then scaled to the work it did): a slow baseline must not take minutes.
+SUSTAINED_CAP = 2.0
+SUSTAINED_FLOOR = "floor: a plain loop synchronizing each event in turn, no task"
+SUSTAINED_WAYS = (
+    "aiogpu auto",
+    "aiogpu poll",
+    "aiogpu thread",
+    "aiogpu callback",
+    "to_thread(aiogpu Event.synchronize)",
+)
+#: (goal, the ways it is about (the best of them counts), at most this wall over the floor, at
+#: most this many cores busy waiting: process CPU over wall, less the launches' and recordings'
+#: own CPU).
+SUSTAINED_GOALS = (
+    ("auto", ("aiogpu auto",), 1.05, 0.25),
+    ("best off-loop strategy", ("aiogpu thread", "aiogpu callback"), 1.10, 0.10),
+)
 
 
 @dataclass
@@ -140,6 +182,39 @@ class FanoutRow:
     freeing_ms: float  # freeing the finished tasks after the clock stopped (median)
     host_probe_ms: float  # ``host_probe`` before each run: median
     host_probe_slowest_ms: float
+
+
+@dataclass
+class SustainedFloor:
+    """The sustained load with no waiting task: what the GPU and the launches alone take."""
+
+    waiters: int
+    streams: int
+    kernel_us: float
+    turns: int  # each waiter's turns: a kernel, a recording, a wait
+    planned_waits: int
+    device_ms: float  # the most kernels on one stream, back to back
+    wall_ms: float  # median over the repeats
+    walls_ms: list[float]
+    launch_cpu_us: float  # CPU of one turn's launch and recording (median over the repeats)
+
+
+@dataclass
+class SustainedRow:
+    loop: str
+    strategy: str
+    waiters: int
+    streams: int
+    kernel_us: float
+    planned_waits: int
+    waits: int  # completed (median over the repeats)
+    wall_ms: float  # median; scaled to the planned work where a run stopped at the cap
+    wall_ratio_to_floor: float
+    cores: float  # process CPU time over wall
+    waiting_cores: float  # less the launches' and recordings' own CPU
+    cpu_us_per_wait: float
+    waiting_cpu_us_per_wait: float
+    stopped_early: int  # runs that stopped starting turns at ``SUSTAINED_CAP``
 
 
 def host_probe() -> float:
@@ -500,6 +575,222 @@ async def fanout_cases(device: aiogpu.Device, quick: bool, loop: str) -> list[Fa
     return rows
 
 
+def _sustained_layout(waiters: int, nstreams: int) -> list[int]:
+    """How many waiters each stream has (waiter i on stream i % streams)."""
+    return [waiters // nstreams + (index < waiters % nstreams) for index in range(nstreams)]
+
+
+def _round_robin(streams: list[aiogpu.Stream], events: list[list[aiogpu.Event]]) -> list[tuple[aiogpu.Stream, aiogpu.Event]]:
+    """(stream, event) of every waiter, the first of each stream's first, as requests spread."""
+    slots = max(len(stream_events) for stream_events in events)
+    return [
+        (stream, stream_events[slot])
+        for slot in range(slots)
+        for stream, stream_events in zip(streams, events, strict=True)
+        if slot < len(stream_events)
+    ]
+
+
+def sustained_floor(
+    streams: list[aiogpu.Stream], events: list[list[aiogpu.Event]], turns: int, kernel: float
+) -> tuple[float, float]:
+    """The same turns with no task: a plain loop synchronizes each waiter's event in turn and
+    launches and records its next turn at once. Every stream keeps its kernels queued, so the
+    GPU runs them back to back. Returns (wall seconds, CPU seconds of one turn's launch and
+    recording)."""
+    order = _round_robin(streams, events)
+    clock = time.thread_time
+    launching = 0.0
+    started = time.perf_counter()
+    for turn in range(turns):
+        for stream, event in order:
+            if turn:
+                event.synchronize()
+            before = clock()
+            launch_spin(stream, kernel)
+            event.record(stream)
+            launching += clock() - before
+    for stream_events in events:
+        for event in stream_events:
+            event.synchronize()
+    return time.perf_counter() - started, launching / (turns * len(order))
+
+
+async def sustained_run(
+    name: str, streams: list[aiogpu.Stream], events: list[list[aiogpu.Event]], turns: int, kernel: float, cap: float
+) -> tuple[float, float, int]:
+    """Every waiter's task takes ``turns`` turns (launch a kernel on its stream, record its
+    event, await it), all at once; after ``cap`` seconds no task starts another. Returns (wall
+    seconds, CPU seconds, waits completed) from the start until the last task finished."""
+    loop = asyncio.get_running_loop()
+    start: asyncio.Future[None] = loop.create_future()
+    done: asyncio.Future[None] = loop.create_future()
+    order = _round_robin(streams, events)
+    left, completed, stop_at = len(order), 0, math.inf
+    if name.startswith("aiogpu "):
+        strategy: Any = name.removeprefix("aiogpu ")
+
+        def wait(event: aiogpu.Event) -> Awaitable[None]:
+            return event.wait(strategy=strategy)
+    else:
+
+        def wait(event: aiogpu.Event) -> Awaitable[None]:
+            return asyncio.to_thread(event.synchronize)
+
+    async def waiter(stream: aiogpu.Stream, event: aiogpu.Event) -> None:
+        nonlocal left, completed
+        try:
+            await start
+            for turn in range(turns):
+                if turn and time.perf_counter() > stop_at:
+                    break
+                launch_spin(stream, kernel)
+                event.record(stream)
+                await wait(event)
+                completed += 1
+        except Exception as exc:
+            if not done.done():
+                done.set_exception(exc)
+            return
+        left -= 1
+        if not left:
+            done.set_result(None)
+
+    tasks = [loop.create_task(waiter(stream, event)) for stream, event in order]  # in order: the launches go round robin
+    await asyncio.sleep(0)  # every task is parked on the start
+    gc.collect()
+    gc.disable()  # as in fan-out: a collection of 10,000 tasks is noise here
+    try:
+        cpu = time.process_time()
+        started = time.perf_counter()
+        stop_at = started + cap
+        start.set_result(None)
+        await done
+        wall = time.perf_counter() - started
+        cpu = time.process_time() - cpu
+    finally:
+        gc.enable()
+    del tasks
+    return wall, cpu, completed
+
+
+def sustained_cases(device: aiogpu.Device, quick: bool) -> dict[str, Any]:
+    """The sustained load on every loop for every way of waiting, interleaved, against its floor;
+    prints the goals, met or not met."""
+    waiters = 1_000 if quick else SUSTAINED_WAITERS
+    kernel = 0.5e-3 if quick else SUSTAINED_KERNEL
+    seconds = 0.05 if quick else SUSTAINED_SECONDS
+    layout = _sustained_layout(waiters, SUSTAINED_STREAMS)
+    assert 2 * max(layout) <= OPERATIONS_PER_STREAM_MAX, "the launch call could block"
+    turns = max(2, math.ceil(seconds / (max(layout) * kernel)))
+    planned = waiters * turns
+    streams = [aiogpu.Stream(device, nonblocking=True) for _ in range(SUSTAINED_STREAMS)]
+    events = [[aiogpu.Event(device) for _ in range(count)] for count in layout]
+    floor_runs: list[tuple[float, float]] = []
+    runs: dict[tuple[str, str], list[tuple[float, float, int]]] = {}
+    what = f"{waiters:6} waiters {SUSTAINED_STREAMS:3} streams {kernel * 1e6:5.0f} us kernels, {turns} turns"
+    try:
+        for repeat in range(1 if quick else SUSTAINED_REPEATS):  # interleaved: drift hits every way alike
+            wall, launch_cpu = sustained_floor(streams, events, turns, kernel)
+            floor_runs.append((wall, launch_cpu))
+            print(
+                f"sustained {'':7} {what}  {SUSTAINED_FLOOR:40} wall {wall * 1e3:8.1f} ms"
+                f" (device time {max(layout) * turns * kernel * 1e3:.1f} ms)  launch + record {launch_cpu * 1e6:5.2f} us a turn"
+                f"  (run {repeat + 1})",
+                flush=True,
+            )
+            for loop_name, run in event_loops():
+                for name in SUSTAINED_WAYS:
+                    result = run(sustained_run(name, streams, events, turns, kernel, SUSTAINED_CAP * wall))
+                    runs.setdefault((loop_name, name), []).append(result)
+                    ran, cpu, completed = result
+                    print(
+                        f"sustained {loop_name:7} {what}  {name:40} wall {ran * 1e3:8.1f} ms  cores {cpu / ran:5.2f}"
+                        f"  cpu/wait {cpu / completed * 1e6:6.2f} us  waits {completed}/{planned}"
+                        f"{' (stopped at the cap)' if completed < planned else ''}  (run {repeat + 1})",
+                        flush=True,
+                    )
+    finally:
+        for stream in streams:
+            stream.synchronize()
+            stream.close()
+        for stream_events in events:
+            for event in stream_events:
+                event.close()
+    floor_wall = statistics.median(wall for wall, _ in floor_runs)
+    launch_cpu = statistics.median(cost for _, cost in floor_runs)
+    floor = SustainedFloor(
+        waiters=waiters,
+        streams=SUSTAINED_STREAMS,
+        kernel_us=kernel * 1e6,
+        turns=turns,
+        planned_waits=planned,
+        device_ms=max(layout) * turns * kernel * 1e3,
+        wall_ms=floor_wall * 1e3,
+        walls_ms=[wall * 1e3 for wall, _ in floor_runs],
+        launch_cpu_us=launch_cpu * 1e6,
+    )
+    rows = []
+    for (loop_name, name), measured in runs.items():
+        walls = [wall * planned / completed for wall, _, completed in measured]  # the planned work at the pace it kept
+        rows.append(
+            SustainedRow(
+                loop=loop_name,
+                strategy=name,
+                waiters=waiters,
+                streams=SUSTAINED_STREAMS,
+                kernel_us=kernel * 1e6,
+                planned_waits=planned,
+                waits=round(statistics.median(completed for _, _, completed in measured)),
+                wall_ms=statistics.median(walls) * 1e3,
+                wall_ratio_to_floor=statistics.median(walls) / floor_wall,
+                cores=statistics.median(cpu / wall for wall, cpu, _ in measured),
+                waiting_cores=statistics.median((cpu - completed * launch_cpu) / wall for wall, cpu, completed in measured),
+                cpu_us_per_wait=statistics.median(cpu / completed for _, cpu, completed in measured) * 1e6,
+                waiting_cpu_us_per_wait=statistics.median(cpu / completed - launch_cpu for _, cpu, completed in measured) * 1e6,
+                stopped_early=sum(completed < planned for _, _, completed in measured),
+            )
+        )
+    goals = sustained_goals(rows)
+    for goal in goals:
+        print(
+            f"goal: {goal['goal']} <= {goal['max_ratio']:.2f}x the floor at <= {goal['max_cores']:.2f} cores, {goal['loop']}:"
+            f" {goal['strategy']} {goal['ratio']:.2f}x at {goal['waiting_cores']:.2f} cores: {'met' if goal['met'] else 'not met'}",
+            flush=True,
+        )
+    return {"floor": asdict(floor), "rows": [asdict(row) for row in rows], "goals": goals}
+
+
+def sustained_goals(rows: list[SustainedRow]) -> list[dict[str, Any]]:
+    """Each goal on each loop, judged on the best of the ways it is about (met before not met,
+    then the lower wall)."""
+    goals = []
+    for goal, ways, max_ratio, max_cores in SUSTAINED_GOALS:
+        for loop_name in dict.fromkeys(row.loop for row in rows):
+            mine = [row for row in rows if row.loop == loop_name and row.strategy in ways]
+            if not mine:
+                continue
+
+            def met(row: SustainedRow, max_ratio: float = max_ratio, max_cores: float = max_cores) -> bool:
+                return row.wall_ratio_to_floor <= max_ratio and row.waiting_cores <= max_cores
+
+            best = min(mine, key=lambda row: (not met(row), row.wall_ratio_to_floor))
+            goals.append(
+                {
+                    "goal": goal,
+                    "loop": loop_name,
+                    "max_ratio": max_ratio,
+                    "max_cores": max_cores,
+                    "strategy": best.strategy,
+                    "ratio": best.wall_ratio_to_floor,
+                    "waiting_cores": best.waiting_cores,
+                    "cores": best.cores,
+                    "met": met(best),
+                }
+            )
+    return goals
+
+
 def open_device() -> tuple[aiogpu.Device, bool]:
     try:
         return aiogpu.Device(0), False
@@ -507,9 +798,10 @@ def open_device() -> tuple[aiogpu.Device, bool]:
         return SimulatedDriver().device(0), True
 
 
-def event_loops() -> list[tuple[str, Callable[[Awaitable[Any]], Any]]]:
-    """The loops fan-out runs on: asyncio, and uvloop where it is installed (what uvicorn uses)."""
-    loops: list[tuple[str, Callable[[Awaitable[Any]], Any]]] = [("asyncio", asyncio.run)]
+def event_loops() -> list[tuple[str, Callable[[Coroutine[Any, Any, Any]], Any]]]:
+    """The loops fan-out and the sustained load run on: asyncio, and uvloop where it is
+    installed (what uvicorn uses)."""
+    loops: list[tuple[str, Callable[[Coroutine[Any, Any, Any]], Any]]] = [("asyncio", asyncio.run)]
     try:
         import uvloop
     except ImportError:
@@ -517,7 +809,10 @@ def event_loops() -> list[tuple[str, Callable[[Awaitable[Any]], Any]]]:
     return [*loops, ("uvloop", uvloop.run)]
 
 
-def main(out: Path, quick: bool) -> None:
+PARTS = ("latency", "fanout", "sustained")
+
+
+def main(out: Path, quick: bool, parts: tuple[str, ...] = PARTS) -> None:
     device, simulated = open_device()
     environment = baselines.environment(device, simulated)
     print(json.dumps(environment), flush=True)
@@ -533,14 +828,16 @@ def main(out: Path, quick: bool) -> None:
         finally:
             probe.close()
 
-    rows, idle = asyncio.run(latency())
-    fanout = [row for name, run in event_loops() for row in run(fanout_cases(device, quick, name))]
-    result = {
-        "environment": environment,
-        "latency": [asdict(r) for r in rows],
-        "idle_lag": [asdict(r) for r in idle],
-        "fanout": [asdict(r) for r in fanout],
-    }
+    result: dict[str, Any] = {"environment": environment}
+    if "latency" in parts:
+        rows, idle = asyncio.run(latency())
+        result["latency"] = [asdict(r) for r in rows]
+        result["idle_lag"] = [asdict(r) for r in idle]
+    if "fanout" in parts:
+        fanout = [row for name, run in event_loops() for row in run(fanout_cases(device, quick, name))]
+        result["fanout"] = [asdict(r) for r in fanout]
+    if "sustained" in parts:
+        result["sustained"] = sustained_cases(device, quick)
     out.mkdir(parents=True, exist_ok=True)
     (out / "wake.json").write_text(json.dumps(result, indent=1))
     (out / "wake.md").write_text(report.markdown(result))
@@ -552,5 +849,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--quick", action="store_true", help="fewer waits per case (a smoke run)")
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="run only these parts")
     arguments = parser.parse_args()
-    main(arguments.out, arguments.quick)
+    main(arguments.out, arguments.quick, tuple(arguments.parts))

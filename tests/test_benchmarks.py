@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import subprocess
 import sys
 import weakref
@@ -12,19 +13,21 @@ from typing import Any
 
 import pytest
 
-from benchmarks import baselines
+from benchmarks import _child, _metrics, ablation, baselines, compare, goals, wake
 from tests.conftest import gpu_unavailable_reason
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_on_the_simulated_device(benchmark: str, out: Path, timeout: float) -> subprocess.CompletedProcess[str]:
-    """``python -m benchmarks.BENCHMARK --quick --out OUT`` from the project root, where no GPU is
-    (where one is, the benchmark would measure it: run it by hand)."""
+def run_on_the_simulated_device(
+    benchmark: str, out: Path, timeout: float, *arguments: str, quick: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """``python -m benchmarks.BENCHMARK --quick --out OUT ARGUMENTS`` from the project root, where
+    no GPU is (where one is, the benchmark would measure it: run it by hand)."""
     if gpu_unavailable_reason() is None:
         pytest.skip("a GPU is here: the benchmark would measure it (run it by hand)")
     run = subprocess.run(
-        [sys.executable, "-m", f"benchmarks.{benchmark}", "--quick", "--out", str(out)],
+        [sys.executable, "-m", f"benchmarks.{benchmark}", *(["--quick"] if quick else []), "--out", str(out), *arguments],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -92,7 +95,49 @@ def test_the_wake_benchmark_runs_on_the_simulated_device_and_labels_it(tmp_path:
         if waiters == 10_000 and strategy == "aiogpu auto":
             assert ms > 10 * freeing[loop, waiters, streams, own, "floor: sync last event per stream"] > 0
     assert run.stdout.count("fan-out") >= len(result["fanout"])  # a progress line per case
+    assert {row["strategy"] for row in result["sustained"]["rows"]} == set(wake.SUSTAINED_WAYS)
     assert (tmp_path / "wake.png").read_bytes().startswith(b"\x89PNG"), run.stdout[-500:]  # the chart
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.slow
+def test_the_sustained_load_runs_every_way_of_waiting_against_its_floor(tmp_path: Path) -> None:
+    run = run_on_the_simulated_device("wake", tmp_path, 100, "--parts", "sustained")
+    result = json.loads((tmp_path / "wake.json").read_text())
+    assert result["environment"]["simulated"] is True
+    assert "latency" not in result and "fanout" not in result  # only the part asked for
+    sustained = result["sustained"]
+    floor = sustained["floor"]
+    assert floor["streams"] == 64 and floor["waiters"] >= 1_000 and floor["kernel_us"] >= 500
+    assert floor["planned_waits"] == floor["waiters"] * floor["turns"] and floor["turns"] >= 2
+    # The floor runs the kernels back to back: never faster than the busiest stream's kernels.
+    assert floor["wall_ms"] >= floor["device_ms"] > 0
+    assert floor["launch_cpu_us"] > 0
+    loops = {row["loop"] for row in sustained["rows"]}
+    assert "asyncio" in loops
+    for loop in loops:
+        assert [row["strategy"] for row in sustained["rows"] if row["loop"] == loop] == list(wake.SUSTAINED_WAYS)
+    for row in sustained["rows"]:
+        assert row["planned_waits"] == floor["planned_waits"]
+        # One run in quick mode: it did all its turns, or stopped starting them at the cap.
+        assert 0 < row["waits"] <= row["planned_waits"], row
+        assert row["stopped_early"] == (row["waits"] < row["planned_waits"]), row
+        assert row["wall_ratio_to_floor"] == pytest.approx(row["wall_ms"] / floor["wall_ms"])
+        assert row["wall_ms"] * 1.01 >= floor["device_ms"], row  # no way of waiting beats the GPU
+        assert row["cores"] > 0 and row["waiting_cores"] < row["cores"], row
+        assert row["waiting_cpu_us_per_wait"] == pytest.approx(row["cpu_us_per_wait"] - floor["launch_cpu_us"])
+    # Each goal once per loop, judged on one of the ways it is about, met or not.
+    goals = {(goal["goal"], goal["loop"]): goal for goal in sustained["goals"]}
+    assert set(goals) == {(goal, loop) for goal, *_ in wake.SUSTAINED_GOALS for loop in loops}
+    for (name, _), goal in goals.items():
+        assert goal["strategy"] in {g: ways for g, ways, *_ in wake.SUSTAINED_GOALS}[name]
+        assert goal["met"] == (goal["ratio"] <= goal["max_ratio"] and goal["waiting_cores"] <= goal["max_cores"])
+    assert run.stdout.count("goal: ") == len(goals)
+    assert run.stdout.count("sustained ") == 1 + len(sustained["rows"])  # a progress line per run
+    markdown = (tmp_path / "wake.md").read_text()
+    assert "Sustained load: 1,000 tasks on 64 streams" in markdown
+    assert markdown.count("| aiogpu auto |") == len(loops)
+    assert (tmp_path / "wake.png").read_bytes().startswith(b"\x89PNG")
 
 
 class _RecordedEvent:
@@ -179,7 +224,159 @@ def test_the_overlap_benchmark_runs_on_the_simulated_device_against_its_floor(tm
     assert "best possible speed-up" in run.stdout
     result = json.loads((tmp_path / "overlap.json").read_text())
     assert [row["way"] for row in result["rows"]] == ["auto", "poll", "thread", "callback", "to_thread", "query+sleep(0)"]
+    arguments = result["arguments"]
+    least = arguments["rounds"] * max(arguments["gpu"], arguments["host"])
     for row in result["rows"]:
-        # Overlapped, the two tasks can beat running one after the other, never the floor (the
-        # quick run lasts a few tens of ms: a shared host's stalls get 100 ms of slack).
-        assert row["floor_s"] * 0.95 <= row["wall_s"] <= row["serial_s"] * 1.2 + 0.1, row
+        # Overlapped, the two tasks can beat running one after the other, never the floor: the
+        # kernels back to back, or the host chunks (each busy until its time is up) back to back.
+        # The floor as measured can come out longer, where the host was preempted meanwhile.
+        assert least * 0.99 <= row["floor_s"], row
+        assert least * 0.99 <= row["wall_s"] <= row["serial_s"] * 2, row
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.slow
+def test_the_goal_figures_run_on_the_simulated_device(tmp_path: Path) -> None:
+    run = run_on_the_simulated_device("goals", tmp_path, 100, "--parts", *goals.PARTS, "--strategies", "auto", "poll")
+    result = json.loads((tmp_path / "goals.json").read_text())
+    assert result["environment"]["simulated"] is True
+    figures = {(row["workload"], row["metric"]): row["value"] for row in result["figures"]}
+    for strategy in ("auto", "poll"):
+        for work in (200, 5000):
+            for metric in ("p50 over floor µs", "p99 over floor µs", "CPU share of floor"):
+                assert (f"lone wait {work} µs, {strategy}", metric) in figures
+        assert figures[f"fan-out 1000x64 own events, {strategy}", "wall / GPU floor"] > 0
+        assert figures[f"loop profile 16 tasks, {strategy}", "waits/s"] > 0
+        assert figures[f"overlap, {strategy}", "speed-up"] > 0
+        assert figures[f"sustained 1000x64, {strategy}", "wall / floor"] > 0
+    # Every figure is one the comparison and the ablation know which way is better.
+    assert {metric for _, metric in figures} <= set(_metrics.LOWER_IS_BETTER)
+    assert run.stdout.count("the simulated device: ") == len(figures) + len(goals.PARTS)
+
+
+def _old_tree(tmp_path: Path) -> Path:
+    """A copy of this tree's aiogpu, as ``git archive`` of another commit would give: the
+    comparison must import it from there."""
+    old = tmp_path / "old"
+    shutil.copytree(ROOT / "aiogpu", old / "aiogpu", ignore=shutil.ignore_patterns("__pycache__"))
+    return old
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.slow
+def test_the_comparison_runs_each_tree_in_turn_and_puts_them_side_by_side(tmp_path: Path) -> None:
+    old = _old_tree(tmp_path)
+    out = tmp_path / "compare"
+    run = run_on_the_simulated_device(
+        "compare",
+        out,
+        100,
+        *("--old", str(old), "--new", str(ROOT), "--bench", "goals", "--rounds", "2", "--", "--quick", "--parts", "lone"),
+        quick=False,
+    )
+    result = json.loads((out / "compare.json").read_text())
+    # Interleaved: old then new, then new then old; each from its own tree.
+    assert [(r["side"], r["round"]) for r in result["runs"]] == [("old", 0), ("new", 0), ("new", 1), ("old", 1)]
+    trees = {"old": str(old.resolve()), "new": str(ROOT)}
+    assert all(r["aiogpu"] == trees[r["side"]] for r in result["runs"]), result["runs"]
+    assert result["arguments"] == ["--quick", "--parts", "lone"]
+    rows = {(row["workload"], row["metric"]): row for row in result["table"]}
+    assert set(rows) == {(f"lone wait {work} µs, auto", metric) for work in (200, 5000) for metric in _LONE_METRICS}
+    for row in rows.values():
+        assert len(row["old_values"]) == len(row["new_values"]) == 2
+        assert row["old_median"] == pytest.approx(sum(row["old_values"]) / 2)
+        assert row["difference"] == pytest.approx(row["new_median"] - row["old_median"])
+        if row["ratio_new_to_old"] is not None:
+            assert row["ratio_new_to_old"] == pytest.approx(row["new_median"] / row["old_median"])
+        assert row["verdict"] == "too few runs"  # two runs each: no verdict
+    markdown = (out / "compare.md").read_text()
+    assert markdown.startswith("# Old and new engine, `benchmarks.goals`: SIMULATED device")
+    assert markdown.count("| lone wait ") == len(rows)
+    assert "| lone wait 200 µs, auto | CPU share of floor ↓ |" in run.stdout
+
+
+_LONE_METRICS = ("p50 over floor µs", "p99 over floor µs", "CPU share of floor")
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "verdict"),
+    [
+        ([1.0, 1.1, 1.2], [2.0, 2.1, 1.3], "worse"),  # a time that grew: every new run beyond every old one
+        ([2.0, 2.1, 2.2], [1.0, 1.1, 1.9], "better"),
+        ([1.0, 1.1, 1.2], [2.0, 2.1, 1.15], "within noise"),  # one new run among the old ones
+        ([1.0, 1.1], [2.0, 2.1], "too few runs"),  # two each: one in six by chance alone
+    ],
+)
+def test_the_comparison_calls_a_change_only_where_every_run_says_so(old: list[float], new: list[float], verdict: str) -> None:
+    runs = [{"side": "old", "metrics": {("w", "wall / floor"): value}} for value in old]
+    runs += [{"side": "new", "metrics": {("w", "wall / floor"): value}} for value in new]
+    (row,) = compare.side_by_side(runs)
+    assert row["verdict"] == verdict
+    runs = [{**run, "metrics": {("w", "waits/s"): value}} for run, value in zip(runs, old + new, strict=True)]
+    (row,) = compare.side_by_side(runs)  # more waits a second is better: the verdict turns round
+    assert row["verdict"] == {"worse": "better", "better": "worse"}.get(verdict, verdict)
+
+
+def test_the_comparison_refuses_a_tree_without_aiogpu(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"holds no aiogpu package \(expected .*aiogpu/__init__.py\)"):
+        _child.check_tree(tmp_path)
+
+
+def test_every_heuristic_is_switched_off_by_tunables_the_engine_has() -> None:
+    # Where the engine moves or renames a tunable, the ablation must be told: this fails first.
+    for name, changes in ablation.HEURISTICS.items():
+        for module, attribute, off in changes:
+            (owner, *_) = _child.owners(module, attribute) or pytest.fail(f"{name}: no {attribute} in {module} or its fallbacks")
+            current = getattr(owner, attribute)
+            if isinstance(current, dict):  # one value per strategy: the same strategies
+                assert isinstance(off, dict) and off.keys() == current.keys(), (name, attribute)
+            else:
+                assert isinstance(current, (int, float)) and isinstance(off, type(current)), (name, attribute, current, off)
+                assert off != current, name
+
+
+def test_the_ablation_judges_only_where_chance_alone_would_seldom_flag() -> None:
+    assert _metrics.chance(3, 6) == pytest.approx(1 / 84)
+    assert ablation.judge([1.0, 1.1, 1.2, 1.0, 1.1, 1.2], [1.5, 1.6, 1.4], lower_is_better=True) == "pays"
+    assert ablation.judge([1.0, 1.1, 1.2, 1.0, 1.1, 1.2], [0.5, 0.6, 0.4], lower_is_better=True) == "costs"
+    assert ablation.judge([1.0, 1.1, 1.2, 1.0, 1.1, 1.2], [0.5, 0.6, 0.4], lower_is_better=False) == "pays"
+    assert ablation.judge([1.0, 1.1, 1.2, 1.0, 1.1, 1.2], [1.5, 1.15, 1.4], lower_is_better=True) == "within noise"
+    assert ablation.judge([1.0, 1.1], [1.5], lower_is_better=True) == "too few runs"  # 1 in 3
+
+
+def test_the_ablation_interleaves_every_heuristic_with_all_on_runs() -> None:
+    order = ablation.schedule(["a", "b", "c"], rounds=2)
+    assert order == [
+        (0, "all on"), (0, "a"), (0, "b"), (0, "all on"), (0, "c"),
+        (1, "all on"), (1, "c"), (1, "b"), (1, "all on"), (1, "a"),
+    ]  # fmt: skip
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.slow
+def test_the_ablation_runs_each_heuristic_off_in_a_child_and_reports_it(tmp_path: Path) -> None:
+    out = tmp_path / "ablation"
+    run = run_on_the_simulated_device(
+        "ablation",
+        out,
+        100,
+        *("--rounds", "1", "--heuristics", "spin ahead", "momentum", "--", "--quick", "--parts", "lone"),
+        quick=False,
+    )
+    result = json.loads((out / "ablation.json").read_text())
+    assert [r["configuration"] for r in result["runs"]] == ["all on", "spin ahead", "all on", "momentum"]
+    patched = {r["configuration"]: r["patches"] for r in result["runs"]}
+    assert patched["all on"] == []
+    (spin_ahead,) = patched["spin ahead"]
+    assert (spin_ahead["attribute"], spin_ahead["now"]) == ("SPIN_AHEAD", "-inf")
+    assert spin_ahead["module"] in ("aiogpu._wait._policy", "aiogpu._wait._watcher")
+    assert [p["attribute"] for p in patched["momentum"]] == ["WATCH_AFTER_PROGRESS"] * len(patched["momentum"])
+    table = {row["heuristic"]: row for row in result["table"]}
+    assert set(table) == {"spin ahead", "momentum"}
+    for row in table.values():  # one run off against two all on: no judgement
+        assert row["verdict"] == "too few runs to judge"
+        assert {(m["workload"], m["metric"]) for m in row["metrics"]} == {
+            (f"lone wait {work} µs, auto", metric) for work in (200, 5000) for metric in _LONE_METRICS
+        }
+    assert "| spin ahead | `SPIN_AHEAD = -inf` | too few runs to judge |" in (out / "ablation.md").read_text()
+    assert "spin ahead                   too few runs to judge" in run.stdout
