@@ -50,7 +50,8 @@ def _kept(timer_calls: list[tuple[float, object]]) -> list[float]:
 def _reads_timers() -> bool:
     """Whether the running loop's watcher knows the loop's timers (the private asyncio backend:
     uvloop's timers are out of reach, and the public backend does not read asyncio's)."""
-    return isinstance(_registry.current().backend, _asyncio_private.PrivateAsyncioBackend)
+    backend = _registry.current().backend
+    return isinstance(backend, _asyncio_private.PrivateAsyncioBackend) and backend._own_loop
 
 
 def _due(loop: asyncio.AbstractEventLoop, handle: asyncio.TimerHandle) -> float:

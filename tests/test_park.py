@@ -43,11 +43,12 @@ def _backend() -> _backends.Backend:
 
 def _private_backend(loop: asyncio.AbstractEventLoop) -> _asyncio_private.PrivateAsyncioBackend:
     assert _asyncio_private.supports(loop)
-    return _asyncio_private.PrivateAsyncioBackend(loop)
+    return _asyncio_private.PrivateAsyncioBackend(loop, own_loop=True)
 
 
 def _is_private(backend: _backends.Backend) -> bool:
-    return isinstance(backend, _asyncio_private.PrivateAsyncioBackend)
+    """Whether waiting tasks park too (asyncio's own loop, its internals as expected)."""
+    return isinstance(backend, _asyncio_private.PrivateAsyncioBackend) and backend._own_loop
 
 
 async def _parked(park: _backends.Park, resumed: list[str]) -> None:
@@ -429,12 +430,17 @@ def test_a_loop_closed_before_it_resumed_woken_parks_is_freed() -> None:
 async def test_the_watcher_of_each_loop_gets_the_backend_its_internals_allow(request: pytest.FixtureRequest) -> None:
 
     backend = _registry.current().backend
-    lane = request.node.callspec.params["_asyncio_loop_factory"].__name__
-    private = lane == "new_event_loop" and isinstance(asyncio.get_running_loop(), asyncio.BaseEventLoop)
-    assert type(backend) is (_asyncio_private.PrivateAsyncioBackend if private else _asyncio.AsyncioBackend), lane
-    if not private:
+    public = request.node.callspec.params["_asyncio_loop_factory"].__name__ != "new_event_loop"  # the public lane
+    own_loop = isinstance(asyncio.get_running_loop(), asyncio.BaseEventLoop)  # uvloop's is not
+    assert type(backend) is (_asyncio.AsyncioBackend if public else _asyncio_private.PrivateAsyncioBackend)
+    if public:
         assert type(backend.new_signal()) is not _asyncio_private._AsyncioPark
         assert type(backend.new_park()) is _asyncio.FuturePark
+        assert backend.earliest_timer() is None
+    else:  # the driving task parks on every asyncio loop; waiting tasks on asyncio's own
+        assert backend._own_loop is own_loop  # type: ignore[attr-defined]
+        assert type(backend.new_park()) is _asyncio_private._AsyncioPark
+        assert (type(backend.new_signal()) is _asyncio_private._AsyncioPark) is own_loop
 
 
 @pytest.mark.parametrize("variable", ["1", "yes", "0", ""])
@@ -469,7 +475,7 @@ class _OwnHandle:
 
 
 @pytest.mark.parametrize("internals", ["no _scheduled", "_scheduled not a list", "timers without _when", "timers kept elsewhere"])
-def test_the_capability_check_falls_back_to_the_public_backend(internals: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_capability_check_keeps_out_of_internals_not_as_expected(internals: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(_backends.PUBLIC_ASYNCIO_VARIABLE, raising=False)
     loop: asyncio.AbstractEventLoop = _TimersOfItsOwn() if internals == "timers kept elsewhere" else asyncio.new_event_loop()
     try:
@@ -481,12 +487,14 @@ def test_the_capability_check_falls_back_to_the_public_backend(internals: str, m
             elif internals == "timers without _when":
                 patched.setattr(loop, "_scheduled", [object()])
             assert not _asyncio_private.supports(loop)
-            assert type(_backends.asyncio_backend(loop)) is _asyncio.AsyncioBackend
+            backend = _backends.asyncio_backend(loop)
+            assert not _is_private(backend)  # only the driving task parks (checked at its first park)
+            assert backend.earliest_timer() is None  # the loop's timers are left alone
     finally:
         loop.close()
 
 
-def test_a_loop_whose_internals_fail_the_check_waits_through_the_public_backend() -> None:
+def test_a_loop_whose_internals_fail_the_check_waits_without_reading_them() -> None:
 
     async def wait() -> tuple[str, object]:
         sim = SimulatedDriver()
@@ -498,11 +506,11 @@ def test_a_loop_whose_internals_fail_the_check_waits_through_the_public_backend(
             work.release()
             await asyncio.wait_for(task, 10)
         backend = _registry.current().backend
-        return type(backend).__name__, backend.earliest_timer()
+        return _is_private(backend), backend.earliest_timer()
 
     loop = _TimersOfItsOwn()
     try:
-        assert loop.run_until_complete(wait()) == ("AsyncioBackend", None)
+        assert loop.run_until_complete(wait()) == (False, None)
     finally:
         loop.close()
 

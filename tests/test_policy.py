@@ -117,3 +117,10 @@ def test_before_a_predicted_watch_a_back_off_query_comes_first_unless_it_could_d
     assert _policy.early_look(1.0, 1.0 + 2 * slack, "auto") == (1.0, False)
     assert _policy.early_look(1.0, 1.0 + slack / 2, "auto") == (1.0 + slack / 2, True)  # precisely
     assert _policy.early_look(1.0, 1.0 + slack / 2, "poll") == (1.0 + slack / 2, False)  # loop timers only
+
+
+def test_a_loop_is_busy_from_the_share_of_its_time_it_ran() -> None:
+    share = _policy.BUSY_SHARE
+    assert _policy.loop_was_busy(0.010, 0.010 * share)
+    assert not _policy.loop_was_busy(0.010, 0.010 * share * 0.9)
+    assert not _policy.loop_was_busy(0.0, 0.0)  # no time passed: nothing to say

@@ -103,6 +103,17 @@ KEEP_TIMER_MARGIN = 10e-6
 #: timers fire up to a whole millisecond late, and an application timer due before that is
 #: kept on time (``Watcher._keep_loop_timer``).
 LOOP_TIMER_SLACK = 1e-3
+#: While the loop thread runs Python without a pause, a thread that saw a completion (a waiter
+#: thread, the timer) waits for the GIL before it can poke the loop: up to the interpreter's
+#: switch interval (5 ms by default), since the busy thread takes the GIL straight back after
+#: each ``select(0)``; and a loop timer joins the ready queue behind the tasks already there. So
+#: while ``auto`` waits are parked on a loop that was at least ``BUSY_SHARE`` busy, the loop
+#: looks at them itself once per iteration (``_busy``), querying them at most every
+#: ``BUSY_LOOK``; it stops once an iteration takes less than ``BUSY_MIN_ITERATION`` (a loop with
+#: little else to do can sleep, and a sleeping loop lets a thread's poke in at once).
+BUSY_SHARE = 0.5
+BUSY_LOOK = 50e-6
+BUSY_MIN_ITERATION = 30e-6
 
 
 def back_off(now: float, backoff: float, mode: WaitStrategy) -> tuple[float, float]:
@@ -164,3 +175,9 @@ def early_look(early_poll: float, watch_from: float, mode: WaitStrategy) -> tupl
     if early_poll + EARLY_POLL_SLACK < watch_from:
         return early_poll, False
     return watch_from, mode == "auto"
+
+
+def loop_was_busy(elapsed: float, cpu: float) -> bool:
+    """Whether a loop thread that spent ``cpu`` seconds running in ``elapsed`` seconds was busy
+    enough that other threads' pokes wait for the GIL (``BUSY_SHARE``)."""
+    return elapsed > 0 and cpu >= BUSY_SHARE * elapsed

@@ -14,7 +14,8 @@ Rules this file keeps:
    where it started (``spin_ahead``).
 3. A precise park (``auto``) wakes the loop in a few beats before its time after a long sleep
    (``WARM_SPAN``) and learns how late those wake-ups arrive; the loop's own timers due while
-   it parks are kept on time (``_keep_loop_timer``).
+   it parks are kept on time (``_keep_loop_timer``). While the loop is busy, a parked driver
+   is also looked at from the loop itself, once per iteration (``_busy``).
 4. Nothing raised here reaches the loop, and no wait hangs: however the driving task ends, the
    waits left are failed or handed over.
 """
@@ -26,7 +27,9 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from . import _backends, _doorbell, _entries, _policy, _timer
+from ._busy import BusyLook
 from ._plan import Planner
+from ._strategy import OFF_LOOP
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Generator
@@ -72,6 +75,7 @@ class Watcher(Planner):
         self.running = False  # a task drives it: a new wait parks on a signal
         self._system_task: object = None  # the system task driving the watcher, until it stops it
         self._parked: Park | None = None  # where the driving task sleeps, while it does
+        self._busy = BusyLook(backend, self._look_at_parked)  # looks while a busy loop keeps threads out
         self._kept_timer: float | None = None  # the loop timer last kept on time (when, by the loop's clock)
         self.registration: Registration | None = None  # how the asyncio registry holds it (``_registry``)
 
@@ -253,6 +257,7 @@ class Watcher(Planner):
         else:  # on a loop timer, which fires up to a whole millisecond late
             self._keep_loop_timer(wake_at + _policy.LOOP_TIMER_SLACK, unless_only_poll=True)
         park = self._parked = self.backend.new_park()
+        parked_at = self._busy.park()
         handle = None
         try:
             if precise:
@@ -268,8 +273,30 @@ class Watcher(Planner):
                 await self.backend.sleep_in_park(park, wake_at - now)
         finally:
             self._parked = None
+            self._busy.resumed(parked_at)
             if handle is not None:
                 _timer.timer().cancel(handle)
+
+    def _look_at_parked(self) -> bool:
+        """From a loop callback while the driver is parked on a busy loop: wake it if the head
+        of a stream watched on the loop (``auto``, ``poll``) is done, or its query fails (the
+        sweep then delivers the error). Returns whether it woke the driver (or it is awake)."""
+        park = self._parked
+        if park is None:
+            return True
+        for queue in self._queues.values():
+            head = queue.entries[0]
+            if head.mode in OFF_LOOP or not head.waiters:
+                continue
+            target = head.target
+            try:
+                done = target._driver.event_query(target._handle)
+            except Exception:
+                done = True
+            if done:
+                park.wake_in_callback()
+                return True
+        return False
 
     def _keep_loop_timer(self, wake_at: float, *, unless_only_poll: bool = False) -> None:
         """The loop is about to sleep, awake since a moment of the watcher's choosing (a thread's

@@ -13,11 +13,15 @@
   and its timers are in reach: the watcher has it kept on time (``Watcher._keep_loop_timer``).
 - ``Park``: where the task that drives a watcher sleeps. A ``Signal`` that can also be woken
   from a loop callback outside every task (``wake_in_callback``: a thread's poke, a timer).
+- ``Backend.look_each_iteration``: run a callback on the loop's next iteration, ahead of the
+  tasks made ready meanwhile, where a park woken in it resumes its task right there (the
+  watcher's look at parked waits while the loop is busy: ``_busy``).
 
-One module per loop, as anyio's ``_backends``: ``_asyncio`` (asyncio's public API only: every
-asyncio loop, uvloop's included), ``_trio``, and ``_asyncio_private``, the one module that
-reads asyncio's internals, for asyncio's own loops only, and only where a check of those
-internals on that loop passes (``asyncio_backend``). Setting ``AIOGPU_PUBLIC_ASYNCIO=1`` in the
+One module per loop, as anyio's ``_backends``: ``_asyncio`` (asyncio's public API only),
+``_trio``, and ``_asyncio_private``, the one module that reads asyncio's internals: its parks
+run on every asyncio loop (uvloop's included) as long as the first task wake-up one keeps looks
+as expected, and on asyncio's own loops whose internals pass a check (``supports``) it also
+parks waiting tasks and reads the loop's timers. Setting ``AIOGPU_PUBLIC_ASYNCIO=1`` in the
 environment makes every loop created afterwards use the public one.
 
 Which library runs the calling code is what trio says through sniffio (``in_trio_task``), read
@@ -48,8 +52,8 @@ def asyncio_backend(loop: asyncio.AbstractEventLoop) -> Backend:
     allows it and ``loop``'s internals pass its check, else the public one."""
     from . import _asyncio, _asyncio_private
 
-    if os.environ.get(PUBLIC_ASYNCIO_VARIABLE, "") in ("", "0") and _asyncio_private.supports(loop):
-        return _asyncio_private.PrivateAsyncioBackend(loop)
+    if os.environ.get(PUBLIC_ASYNCIO_VARIABLE, "") in ("", "0"):
+        return _asyncio_private.PrivateAsyncioBackend(loop, own_loop=_asyncio_private.supports(loop))
     return _asyncio.AsyncioBackend(loop)
 
 

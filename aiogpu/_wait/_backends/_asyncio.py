@@ -81,6 +81,11 @@ class AsyncioBackend:
         """``None``: no public API tells a loop's next timer."""
         return None
 
+    def look_each_iteration(self, callback: Callable[[], object]) -> bool:
+        """``False``: a future woken from a loop callback resumes its task only after the tasks
+        made ready before it, so looking from one would not wake a task any sooner."""
+        return False
+
 
 class FuturePark(asyncio.Future[None]):
     """A future that can be woken from a loop callback: its task resumes on the loop's next

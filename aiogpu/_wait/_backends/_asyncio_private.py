@@ -16,8 +16,8 @@ back to what ``_asyncio`` does (public API only) when something is not as expect
   watcher keeps the loop's own timers on time only if it knows when the next one is due.
   ``supports`` checks that a timer the loop schedules lands in that heap as expected.
 
-uvloop and every other loop get ``_asyncio``: uvloop schedules in C, where a future costs
-less, and its timers are out of reach.
+On any other asyncio loop (uvloop) only the driving task parks: uvloop schedules a future's
+wake-up in C, where it costs as little, and its timers are out of reach.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from ._asyncio import AsyncioBackend, FuturePark
-from ._base import set_signal
+from ._base import set_signal, set_signals
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -69,9 +69,14 @@ def _nothing() -> None:
 
 
 class PrivateAsyncioBackend(AsyncioBackend):
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    """``own_loop``: one of asyncio's own loops, whose internals passed ``supports``: waiting
+    tasks park too and the loop's timers are read. On any other asyncio loop (uvloop, which
+    schedules a future's wake-up in C, as quickly as a park's) only the driving task parks."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, *, own_loop: bool) -> None:
         super().__init__(loop)
-        # Signals are parks until the first wake-up a park keeps fails its check.
+        self._own_loop = own_loop
+        # Parks until the first wake-up a park keeps fails its check.
         self._parks = True
         self._wakeup_checked = False
         # The parks to resume on the loop's next iteration: held by the loop's callback that
@@ -79,7 +84,7 @@ class PrivateAsyncioBackend(AsyncioBackend):
         self._batch: Callable[[], _Batch | None] = _no_batch
 
     def new_signal(self) -> Signal:
-        if self._parks:
+        if self._parks and self._own_loop:
             return _AsyncioPark(self._running_loop(), self)
         return self._running_loop().create_future()
 
@@ -87,6 +92,14 @@ class PrivateAsyncioBackend(AsyncioBackend):
         if self._parks:
             return _AsyncioPark(self._running_loop(), self)
         return FuturePark(loop=self._running_loop())
+
+    def look_each_iteration(self, callback: Callable[[], object]) -> bool:
+        """Run ``callback`` on the loop's next iteration, before the tasks made ready during
+        this one: a park woken there resumes its task at once, ahead of them."""
+        if not self._parks:
+            return False
+        self._running_loop().call_soon(callback)
+        return True
 
     def keeps_wakeup(self, wakeup: Callable[[Any], object]) -> bool:
         """Whether a park may keep ``wakeup``, the first done-callback added to it: checked on
@@ -109,6 +122,9 @@ class PrivateAsyncioBackend(AsyncioBackend):
         The parks are set here, not through their ``set_result``: two calls in Python fewer
         for each of the thousands of tasks a fan-out wakes.
         """
+        if not self._own_loop:
+            set_signals(waking)  # futures, and the driving task's flag
+            return
         batch = None
         set_result = _set_future_result
         for waiters in waking:
@@ -176,6 +192,8 @@ class PrivateAsyncioBackend(AsyncioBackend):
         cancelled timers stay in it until the loop drops them, so it looks past a few of them,
         no further.
         """
+        if not self._own_loop:
+            return None  # its timers are out of reach
         loop = self._loop()
         scheduled = getattr(loop, "_scheduled", None)
         if not scheduled or not isinstance(scheduled, list):

@@ -54,6 +54,9 @@ class TrioBackend:
     def earliest_timer(self) -> tuple[float, float] | None:
         return None  # trio's deadlines are its runner's own
 
+    def look_each_iteration(self, callback: Callable[[], object]) -> bool:
+        return False  # a trio run schedules no callbacks of ours: its batches run tasks only
+
 
 class _TrioSignal:
     """A trio ``Event`` as a ``Signal`` and a ``Park`` (trio runs a woken task on its next

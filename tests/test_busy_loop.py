@@ -1,0 +1,129 @@
+"""A wait parked on a busy loop is seen at the loop's next iteration, not the busy task's next one.
+
+While the loop thread runs Python without a pause, a thread that saw a completion (a waiter
+thread, the timer) waits for the GIL before it can poke the loop, often until after the busy
+task's next step has begun; and a loop timer joins the ready queue behind the tasks already
+there. So the strategies that watch on the loop (``auto``, ``poll``) look at their parked
+waits from a loop callback once per iteration while the loop is busy, on asyncio and uvloop
+(where a park resumes its task in that callback; not on trio, nor with
+``AIOGPU_PUBLIC_ASYNCIO``). These tests lose every thread's poke (as a GIL-starved thread's is
+lost for a whole step) and check that a wait completed during one step resumes before the next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import anyio
+import pytest
+
+import aiogpu
+from aiogpu._wait import _busy, _policy, _watcher
+from aiogpu.testing import Latch
+
+STEP = 0.02  # seconds of pure Python in each of the busy task's steps
+ROUNDS = 6
+
+
+@pytest.fixture
+def threads_never_poke(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The waiter and timer threads' pokes are lost: only what the loop does itself wakes a wait."""
+    monkeypatch.setattr(_watcher.Watcher, "_poke_threadsafe", lambda self: True)
+
+
+def busy_step(seconds: float, halfway: list[Latch]) -> None:
+    """Run Python for ``seconds``, releasing the latches in ``halfway`` halfway through."""
+    middle, end = time.perf_counter() + seconds / 2, time.perf_counter() + seconds
+    while time.perf_counter() < middle:
+        pass
+    for latch in halfway:
+        latch.release()
+    while time.perf_counter() < end:
+        pass
+
+
+@pytest.mark.asyncio
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["auto", "poll"])
+@pytest.mark.usefixtures("threads_never_poke")
+async def test_a_wait_completed_during_a_busy_step_resumes_before_the_next_step(
+    device: aiogpu.Device, strategy: aiogpu.WaitStrategy
+) -> None:
+    stream = aiogpu.Stream(device)
+    log: list[str] = []
+    to_release: list[list[object]] = []  # [steps to go, latch]: the busy task releases it
+    finished = False
+
+    async def busy() -> None:
+        while not finished:
+            due = [latch for countdown, latch in to_release if countdown == 0]
+            to_release[:] = [[countdown - 1, latch] for countdown, latch in to_release if countdown]  # type: ignore[operator]
+            log.append("step")
+            busy_step(STEP, due)  # type: ignore[arg-type]
+            if due:
+                log.append("released")
+            await asyncio.sleep(0)
+
+    async def waiter() -> None:
+        for _ in range(ROUNDS):
+            with Latch(device) as latch:
+                latch.block(stream)
+                event = stream.record()
+                # Released in the step after next: by then the wait's first close watch is
+                # over and it is parked (on a waiter thread and a back-off loop timer).
+                to_release.append([1, latch])
+                with anyio.fail_after(5):  # without a poke, only the loop's own look wakes it
+                    await event.wait(strategy=strategy)
+                log.append("woke")
+                event.close()
+
+    busy_task = asyncio.create_task(busy())
+    try:
+        await waiter()
+    finally:
+        finished = True
+        await busy_task
+        stream.close()
+    # Steps that started between a release and the wake-up it allowed: none, but for the
+    # first round (the watcher learns that the loop is busy while its first park lasts).
+    late = []
+    steps = None
+    for entry in log:
+        if entry == "released":
+            steps = 0
+        elif entry == "step" and steps is not None:
+            steps += 1
+        elif entry == "woke":
+            late.append(steps)
+            steps = None
+    assert len(late) == ROUNDS
+    assert late[1:] == [0] * (ROUNDS - 1), f"steps between a completion and its wake-up, per round: {late}"
+
+
+@pytest.mark.asyncio
+async def test_an_idle_loop_is_not_kept_awake_by_the_look(device: aiogpu.Device, monkeypatch: pytest.MonkeyPatch) -> None:
+    # However busy the loop was before, a look that finds it idle stops: the loop sleeps.
+    monkeypatch.setattr(_policy, "loop_was_busy", lambda elapsed, cpu: True)
+    looks = 0
+    each_iteration = _busy.BusyLook._each_iteration
+
+    def counted(self: _busy.BusyLook) -> None:
+        nonlocal looks
+        looks += 1
+        each_iteration(self)
+
+    monkeypatch.setattr(_busy.BusyLook, "_each_iteration", counted)
+    stream = aiogpu.Stream(device)
+    with Latch(device) as latch:
+        latch.block(stream)
+        with stream.record() as event:
+            async with anyio.create_task_group() as group:
+                group.start_soon(event.wait)
+                await anyio.sleep(0.05)  # the wait parks, wakes on its back-off schedule, parks again
+                parks = looks
+                latch.release()
+    stream.close()
+    # Each park looks on its first iteration and stops on its second; an idle loop spinning
+    # through the look would have made thousands.
+    assert 0 < parks < 100, parks
