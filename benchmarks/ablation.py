@@ -54,6 +54,9 @@ HEURISTICS: dict[str, list[tuple[str, str, Any]]] = {
     # A wait on work predicted to end within SPIN_AHEAD is watched right where it started.
     # Minus infinity: no prediction is ever that close.
     "spin ahead": [(_POLICY, "SPIN_AHEAD", -math.inf)],
+    # While the loop was at least BUSY_SHARE busy, parked waits are looked at from the loop once
+    # per iteration. An infinite share: the loop never counts as busy.
+    "busy-loop look": [(_POLICY, "BUSY_SHARE", math.inf)],
     # A precise park longer than WARM_SPAN + WARM_BEAT wakes the loop WARM_SPAN early, then every
     # WARM_BEAT. An infinite WARM_BEAT: every park sleeps straight to its time (an infinite
     # WARM_SPAN would do the opposite: a beat every WARM_BEAT all the way).
