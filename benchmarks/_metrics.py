@@ -123,3 +123,15 @@ def _overlap(result: dict[str, Any]) -> dict[tuple[str, str], float]:
 
 def _goals(result: dict[str, Any]) -> dict[tuple[str, str], float]:
     return {(row["workload"], row["metric"]): float(row["value"]) for row in result["figures"]}
+
+
+def number(value: float) -> str:
+    """``value`` for a results table: three significant figures, thousands with separators."""
+    return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+
+
+def where(environment: dict[str, Any]) -> str:
+    """The device a run measured, as a results table's heading says it."""
+    if environment.get("simulated"):
+        return "SIMULATED device (no GPU): figures are not GPU measurements"
+    return str(environment.get("device"))

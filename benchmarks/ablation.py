@@ -150,17 +150,9 @@ def verdicts(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return table
 
 
-def _number(value: float) -> str:
-    return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
-
-
 def markdown(result: dict[str, Any]) -> str:
     environment = result["environment"]
-    where = (
-        "SIMULATED device (no GPU): figures are not GPU measurements"
-        if environment.get("simulated")
-        else environment.get("device")
-    )
+    where = _metrics.where(environment)
     runs_on = sum(run["configuration"] == ALL_ON and not run.get("error") for run in result["runs"])
     odds = round(1 / _metrics.chance(result["rounds"], runs_on)) if runs_on else 0
     lines = [
@@ -196,8 +188,8 @@ def markdown(result: dict[str, Any]) -> str:
         for m in row["metrics"]:
             lines.append(
                 f"| {row['heuristic']} | {m['workload']} | {m['metric']} {'↓' if m['lower_is_better'] else '↑'} |"
-                f" {_number(m['on_median'])} | {_number(m['on_range'][0])} to {_number(m['on_range'][1])} |"
-                f" {_number(m['off_median'])} | {', '.join(_number(v) for v in m['off_values'])} | {m['judgement']} |"
+                f" {_metrics.number(m['on_median'])} | {_metrics.number(m['on_range'][0])} to {_metrics.number(m['on_range'][1])} |"
+                f" {_metrics.number(m['off_median'])} | {', '.join(_metrics.number(v) for v in m['off_values'])} | {m['judgement']} |"
             )
     lines += ["", "↓: lower is better; ↑: higher is better."]
     return "\n".join(lines) + "\n"

@@ -68,17 +68,9 @@ def side_by_side(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return table
 
 
-def _number(value: float) -> str:
-    return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
-
-
 def markdown(result: dict[str, Any]) -> str:
     environment = result["environment"]
-    where = (
-        "SIMULATED device (no GPU): figures are not GPU measurements"
-        if environment.get("simulated")
-        else environment.get("device")
-    )
+    where = _metrics.where(environment)
     lines = [
         f"# Old and new engine, `benchmarks.{result['bench']}`: {where}, {environment.get('date')}",
         "",
@@ -94,10 +86,10 @@ def markdown(result: dict[str, Any]) -> str:
     for row in result["table"]:
         ratio = row["ratio_new_to_old"]
         lines.append(
-            f"| {row['workload']} | {row['metric']} {'↓' if row['lower_is_better'] else '↑'} | {_number(row['old_median'])} |"
-            f" {_number(row['new_median'])} | {'' if ratio is None else f'{ratio:.3f}'} | {row['difference']:+.3g} | {row['verdict']} |"
-            f" {_number(min(row['old_values']))} to {_number(max(row['old_values']))} |"
-            f" {_number(min(row['new_values']))} to {_number(max(row['new_values']))} |"
+            f"| {row['workload']} | {row['metric']} {'↓' if row['lower_is_better'] else '↑'} | {_metrics.number(row['old_median'])} |"
+            f" {_metrics.number(row['new_median'])} | {'' if ratio is None else f'{ratio:.3f}'} | {row['difference']:+.3g} | {row['verdict']} |"
+            f" {_metrics.number(min(row['old_values']))} to {_metrics.number(max(row['old_values']))} |"
+            f" {_metrics.number(min(row['new_values']))} to {_metrics.number(max(row['new_values']))} |"
         )
     lines += ["", "↓: lower is better; ↑: higher is better."]
     return "\n".join(lines) + "\n"

@@ -133,12 +133,10 @@ def overlapping(device: aiogpu.Device, strategies: list[str], quick: bool) -> li
 def sustained(device: aiogpu.Device, strategies: list[str], quick: bool) -> list[tuple[str, str, float]]:
     waiters = 1_000 if quick else wake.SUSTAINED_WAITERS
     kernel = 0.5e-3 if quick else wake.SUSTAINED_KERNEL
-    layout = wake._sustained_layout(waiters, wake.SUSTAINED_STREAMS)
+    layout = wake.sustained_layout(waiters, wake.SUSTAINED_STREAMS)
     turns = max(2, round((0.05 if quick else 1.0) / (max(layout) * kernel)))
-    streams = [aiogpu.Stream(device, nonblocking=True) for _ in layout]
-    events = [[aiogpu.Event(device) for _ in range(count)] for count in layout]
     figures = []
-    try:
+    with wake.sustained_streams(device, layout) as (streams, events):
         floor, launch_cpu = wake.sustained_floor(streams, events, turns, kernel)
         for strategy in strategies:
             wall, cpu, completed = asyncio.run(
@@ -149,13 +147,6 @@ def sustained(device: aiogpu.Device, strategies: list[str], quick: bool) -> list
                 (workload, "wall / floor", wall * waiters * turns / completed / floor),
                 (workload, "waiting cores", (cpu - completed * launch_cpu) / wall),
             ]
-    finally:
-        for stream in streams:
-            stream.synchronize()
-            stream.close()
-        for stream_events in events:
-            for event in stream_events:
-                event.close()
     return figures
 
 

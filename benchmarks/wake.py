@@ -83,7 +83,7 @@ from aiogpu.testing import Latch, SimulatedDriver, launch_spin
 from . import baselines, report
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Coroutine
+    from collections.abc import Awaitable, Callable, Coroutine, Iterator
 
 WORKLOADS = (20e-6, 200e-6, 5e-3)
 FANOUT_WAITERS = (1_000, 10_000)
@@ -575,7 +575,7 @@ async def fanout_cases(device: aiogpu.Device, quick: bool, loop: str) -> list[Fa
     return rows
 
 
-def _sustained_layout(waiters: int, nstreams: int) -> list[int]:
+def sustained_layout(waiters: int, nstreams: int) -> list[int]:
     """How many waiters each stream has (waiter i on stream i % streams)."""
     return [waiters // nstreams + (index < waiters % nstreams) for index in range(nstreams)]
 
@@ -674,22 +674,36 @@ async def sustained_run(
     return wall, cpu, completed
 
 
+@contextlib.contextmanager
+def sustained_streams(device: aiogpu.Device, layout: list[int]) -> Iterator[tuple[list[aiogpu.Stream], list[list[aiogpu.Event]]]]:
+    """A stream per entry of ``layout`` and that many events on each; drained and closed after."""
+    streams = [aiogpu.Stream(device, nonblocking=True) for _ in layout]
+    events = [[aiogpu.Event(device) for _ in range(count)] for count in layout]
+    try:
+        yield streams, events
+    finally:
+        for stream in streams:
+            stream.synchronize()
+            stream.close()
+        for stream_events in events:
+            for event in stream_events:
+                event.close()
+
+
 def sustained_cases(device: aiogpu.Device, quick: bool) -> dict[str, Any]:
     """The sustained load on every loop for every way of waiting, interleaved, against its floor;
     prints the goals, met or not met."""
     waiters = 1_000 if quick else SUSTAINED_WAITERS
     kernel = 0.5e-3 if quick else SUSTAINED_KERNEL
     seconds = 0.05 if quick else SUSTAINED_SECONDS
-    layout = _sustained_layout(waiters, SUSTAINED_STREAMS)
+    layout = sustained_layout(waiters, SUSTAINED_STREAMS)
     assert 2 * max(layout) <= OPERATIONS_PER_STREAM_MAX, "the launch call could block"
     turns = max(2, math.ceil(seconds / (max(layout) * kernel)))
     planned = waiters * turns
-    streams = [aiogpu.Stream(device, nonblocking=True) for _ in range(SUSTAINED_STREAMS)]
-    events = [[aiogpu.Event(device) for _ in range(count)] for count in layout]
     floor_runs: list[tuple[float, float]] = []
     runs: dict[tuple[str, str], list[tuple[float, float, int]]] = {}
     what = f"{waiters:6} waiters {SUSTAINED_STREAMS:3} streams {kernel * 1e6:5.0f} us kernels, {turns} turns"
-    try:
+    with sustained_streams(device, layout) as (streams, events):
         for repeat in range(1 if quick else SUSTAINED_REPEATS):  # interleaved: drift hits every way alike
             wall, launch_cpu = sustained_floor(streams, events, turns, kernel)
             floor_runs.append((wall, launch_cpu))
@@ -710,13 +724,6 @@ def sustained_cases(device: aiogpu.Device, quick: bool) -> dict[str, Any]:
                         f"{' (stopped at the cap)' if completed < planned else ''}  (run {repeat + 1})",
                         flush=True,
                     )
-    finally:
-        for stream in streams:
-            stream.synchronize()
-            stream.close()
-        for stream_events in events:
-            for event in stream_events:
-                event.close()
     floor_wall = statistics.median(wall for wall, _ in floor_runs)
     launch_cpu = statistics.median(cost for _, cost in floor_runs)
     floor = SustainedFloor(
