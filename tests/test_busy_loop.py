@@ -16,6 +16,7 @@ import asyncio
 import time
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 import aiogpu
@@ -108,10 +109,10 @@ async def test_an_idle_loop_is_not_kept_awake_by_the_look(device: aiogpu.Device,
     looks = 0
     each_iteration = _busy.BusyLook._each_iteration
 
-    def counted(self: _busy.BusyLook) -> None:
+    def counted(self: _busy.BusyLook, chain: object) -> None:
         nonlocal looks
         looks += 1
-        each_iteration(self)
+        each_iteration(self, chain)
 
     monkeypatch.setattr(_busy.BusyLook, "_each_iteration", counted)
     stream = aiogpu.Stream(device)
@@ -127,3 +128,45 @@ async def test_an_idle_loop_is_not_kept_awake_by_the_look(device: aiogpu.Device,
     # Each park looks on its first iteration and stops on its second; an idle loop spinning
     # through the look would have made thousands.
     assert 0 < parks < 100, parks
+
+
+@pytest.mark.asyncio
+@pytest.mark.slow
+async def test_a_look_that_takes_long_does_not_keep_an_idle_loop_busy(
+    device: aiogpu.Device, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A look's own time must not count as the loop's work: a slow one (many parked streams)
+    # would otherwise make every later iteration of an idle loop look busy.
+    look_at_parked = _watcher.Watcher._look_at_parked
+
+    def slow(self: _watcher.Watcher) -> bool:
+        end = time.perf_counter() + 80e-6
+        while time.perf_counter() < end:
+            pass
+        return look_at_parked(self)
+
+    monkeypatch.setattr(_watcher.Watcher, "_look_at_parked", slow)
+    looks = 0
+    each_iteration = _busy.BusyLook._each_iteration
+
+    def counted(self: _busy.BusyLook, chain: object) -> None:
+        nonlocal looks
+        looks += 1
+        each_iteration(self, chain)
+
+    monkeypatch.setattr(_busy.BusyLook, "_each_iteration", counted)
+    stream = aiogpu.Stream(device)
+    with Latch(device) as latch:
+        latch.block(stream)
+        with stream.record() as event:
+            async with anyio.create_task_group() as group:
+                group.start_soon(event.wait)
+                for _ in range(5):  # busy: the watcher learns it, and looks each iteration
+                    busy_step(STEP, [])
+                    await anyio.lowlevel.checkpoint()
+                looks = 0
+                await anyio.sleep(0.2)  # idle, the wait still parked
+                idle_looks = looks
+                latch.release()
+    stream.close()
+    assert idle_looks < 100, idle_looks  # spinning through the look: thousands

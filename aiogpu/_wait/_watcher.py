@@ -257,7 +257,7 @@ class Watcher(Planner):
         else:  # on a loop timer, which fires up to a whole millisecond late
             self._keep_loop_timer(wake_at + _policy.LOOP_TIMER_SLACK, unless_only_poll=True)
         park = self._parked = self.backend.new_park()
-        parked_at = self._busy.park()
+        parked_at = self._busy.park(watched_on_loop=any(queue.entries[0].mode not in OFF_LOOP for queue in self._queues.values()))
         handle = None
         try:
             if precise:
