@@ -20,7 +20,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import argparse
 
 #: Where the engine's tunables live: the policy module, and where there is none (an engine from
 #: before it), the watcher.
@@ -34,6 +37,20 @@ RESULTS = {
     "goals": "goals.json",
 }
 _PATCHES_VARIABLE = "AIOGPU_BENCH_PATCHES"
+
+
+def parse_runner(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """A runner's arguments (``parser``'s, with ``--rounds`` and ``--out``) and, after ``--``,
+    the benchmark's own."""
+    bench_arguments: list[str] = []
+    if "--" in argv:
+        argv, bench_arguments = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
+    arguments = parser.parse_args(argv)
+    if arguments.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {arguments.rounds}")
+    if "--out" in bench_arguments:
+        parser.error("--out after -- is the runner's: give --out before --")
+    return arguments, bench_arguments
 
 
 def check_tree(tree: Path) -> Path:

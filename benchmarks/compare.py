@@ -137,21 +137,13 @@ def main(arguments: argparse.Namespace, bench_arguments: list[str]) -> dict[str,
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    bench_arguments: list[str] = []
-    if "--" in argv:
-        argv, bench_arguments = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--old", type=Path, required=True, help="the tree of the current engine (a git archive unpacked)")
     parser.add_argument("--new", type=Path, default=Path("."), help="the tree of the new engine, and of the benchmarks")
     parser.add_argument("--bench", choices=BENCHES, default="goals")
     parser.add_argument("--rounds", type=int, default=3, help="runs of each tree (a verdict needs three)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/compare"))
-    arguments = parser.parse_args(argv)
-    if arguments.rounds < 1:
-        parser.error(f"--rounds must be at least 1, got {arguments.rounds}")
-    if "--out" in bench_arguments:
-        parser.error("--out after -- is the runner's: give --out before --")
-    return arguments, bench_arguments
+    return _child.parse_runner(parser, argv)
 
 
 if __name__ == "__main__":

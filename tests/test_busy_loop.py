@@ -33,6 +33,20 @@ def threads_never_poke(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_watcher.Watcher, "_poke_threadsafe", lambda self: True)
 
 
+@pytest.fixture
+def looks(monkeypatch: pytest.MonkeyPatch) -> list[None]:
+    """One item for each time a busy look's chain ran (``BusyLook._each_iteration``)."""
+    ran: list[None] = []
+    each_iteration = _busy.BusyLook._each_iteration
+
+    def counted(self: _busy.BusyLook, chain: object) -> None:
+        ran.append(None)
+        each_iteration(self, chain)
+
+    monkeypatch.setattr(_busy.BusyLook, "_each_iteration", counted)
+    return ran
+
+
 def busy_step(seconds: float, halfway: list[Latch]) -> None:
     """Run Python for ``seconds``, releasing the latches in ``halfway`` halfway through."""
     middle, end = time.perf_counter() + seconds / 2, time.perf_counter() + seconds
@@ -103,18 +117,11 @@ async def test_a_wait_completed_during_a_busy_step_resumes_before_the_next_step(
 
 
 @pytest.mark.asyncio
-async def test_an_idle_loop_is_not_kept_awake_by_the_look(device: aiogpu.Device, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_an_idle_loop_is_not_kept_awake_by_the_look(
+    device: aiogpu.Device, monkeypatch: pytest.MonkeyPatch, looks: list[None]
+) -> None:
     # However busy the loop was before, a look that finds it idle stops: the loop sleeps.
     monkeypatch.setattr(_policy, "loop_was_busy", lambda elapsed, cpu: True)
-    looks = 0
-    each_iteration = _busy.BusyLook._each_iteration
-
-    def counted(self: _busy.BusyLook, chain: object) -> None:
-        nonlocal looks
-        looks += 1
-        each_iteration(self, chain)
-
-    monkeypatch.setattr(_busy.BusyLook, "_each_iteration", counted)
     stream = aiogpu.Stream(device)
     with Latch(device) as latch:
         latch.block(stream)
@@ -122,7 +129,7 @@ async def test_an_idle_loop_is_not_kept_awake_by_the_look(device: aiogpu.Device,
             async with anyio.create_task_group() as group:
                 group.start_soon(event.wait)
                 await anyio.sleep(0.05)  # the wait parks, wakes on its back-off schedule, parks again
-                parks = looks
+                parks = len(looks)
                 latch.release()
     stream.close()
     # Each park looks on its first iteration and stops on its second; an idle loop spinning
@@ -133,7 +140,7 @@ async def test_an_idle_loop_is_not_kept_awake_by_the_look(device: aiogpu.Device,
 @pytest.mark.asyncio
 @pytest.mark.slow
 async def test_a_look_that_takes_long_does_not_keep_an_idle_loop_busy(
-    device: aiogpu.Device, monkeypatch: pytest.MonkeyPatch
+    device: aiogpu.Device, monkeypatch: pytest.MonkeyPatch, looks: list[None]
 ) -> None:
     # A look's own time must not count as the loop's work: a slow one (many parked streams)
     # would otherwise make every later iteration of an idle loop look busy.
@@ -146,15 +153,6 @@ async def test_a_look_that_takes_long_does_not_keep_an_idle_loop_busy(
         return look_at_parked(self)
 
     monkeypatch.setattr(_watcher.Watcher, "_look_at_parked", slow)
-    looks = 0
-    each_iteration = _busy.BusyLook._each_iteration
-
-    def counted(self: _busy.BusyLook, chain: object) -> None:
-        nonlocal looks
-        looks += 1
-        each_iteration(self, chain)
-
-    monkeypatch.setattr(_busy.BusyLook, "_each_iteration", counted)
     stream = aiogpu.Stream(device)
     with Latch(device) as latch:
         latch.block(stream)
@@ -164,9 +162,9 @@ async def test_a_look_that_takes_long_does_not_keep_an_idle_loop_busy(
                 for _ in range(5):  # busy: the watcher learns it, and looks each iteration
                     busy_step(STEP, [])
                     await anyio.lowlevel.checkpoint()
-                looks = 0
+                looks.clear()
                 await anyio.sleep(0.2)  # idle, the wait still parked
-                idle_looks = looks
+                idle_looks = len(looks)
                 latch.release()
     stream.close()
     assert idle_looks < 100, idle_looks  # spinning through the look: thousands

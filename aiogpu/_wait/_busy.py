@@ -51,13 +51,14 @@ class BusyLook:
         self._clock = (0.0, 0.0)  # (wall, loop thread CPU) when the park began or last looked
         self._own_cpu = 0.0  # loop thread CPU the looks of this park took: not the loop's work
 
-    def park(self, *, watched_on_loop: bool) -> tuple[float, float]:
+    def park(self, watched_on_loop: Callable[[], bool]) -> tuple[float, float]:
         """The driver is about to park: look each iteration if the loop was busy and some parked
-        wait is watched on the loop. Returns the clock to hand to ``resumed``."""
+        wait is watched on the loop (``watched_on_loop()``, asked only then). Returns the clock
+        to hand to ``resumed``."""
         clock = self._clock = (time.perf_counter(), time.thread_time())
         self._own_cpu = 0.0
         chain = self._chain = object()
-        self._first = self.busy and watched_on_loop and self._backend.look_each_iteration(lambda: self._each_iteration(chain))
+        self._first = self.busy and watched_on_loop() and self._backend.look_each_iteration(lambda: self._each_iteration(chain))
         return clock
 
     def resumed(self, parked_at: tuple[float, float]) -> None:

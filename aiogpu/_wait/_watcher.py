@@ -257,7 +257,7 @@ class Watcher(Planner):
         else:  # on a loop timer, which fires up to a whole millisecond late
             self._keep_loop_timer(wake_at + _policy.LOOP_TIMER_SLACK, unless_only_poll=True)
         park = self._parked = self.backend.new_park()
-        parked_at = self._busy.park(watched_on_loop=any(queue.entries[0].mode not in OFF_LOOP for queue in self._queues.values()))
+        parked_at = self._busy.park(self._watches_on_loop)
         handle = None
         try:
             if precise:
@@ -276,6 +276,10 @@ class Watcher(Planner):
             self._busy.resumed(parked_at)
             if handle is not None:
                 _timer.timer().cancel(handle)
+
+    def _watches_on_loop(self) -> bool:
+        """Whether some parked wait is watched on the loop (``auto``, ``poll``)."""
+        return any(queue.entries[0].mode not in OFF_LOOP for queue in self._queues.values())
 
     def _look_at_parked(self) -> bool:
         """From a loop callback while the driver is parked on a busy loop: wake it if the head
