@@ -139,6 +139,10 @@ def _cuda_core_waiter() -> Maker | None:
     return make
 
 
+#: The ``thread`` strategy on a blocking-sync event: its waiter thread sleeps in the driver.
+THREAD_BLOCKING_SYNC = "aiogpu thread, blocking-sync event"
+
+
 def latency_waiters(device: aiogpu.Device) -> list[tuple[str, Maker]]:
     """(name, maker) pairs; the first is the floor."""
     simulated = device.driver_name == "simulated"
@@ -154,6 +158,7 @@ def latency_waiters(device: aiogpu.Device) -> list[tuple[str, Maker]]:
         ("query + sleep(1 ms)", _aiogpu_event_waiter()(lambda event: _query_sleep(event, 1e-3))),
     ]
     waiters += [(f"aiogpu {strategy}", _strategy(strategy)) for strategy in get_args(aiogpu.WaitStrategy)]
+    waiters.append((THREAD_BLOCKING_SYNC, _aiogpu_event_waiter(blocking_sync=True)(lambda event: event.wait(strategy="thread"))))
     return [(name, make) for name, make in waiters if make is not None]
 
 

@@ -134,7 +134,7 @@ def sustained(device: aiogpu.Device, strategies: list[str], quick: bool) -> list
     waiters = 1_000 if quick else wake.SUSTAINED_WAITERS
     kernel = 0.5e-3 if quick else wake.SUSTAINED_KERNEL
     layout = wake.sustained_layout(waiters, wake.SUSTAINED_STREAMS)
-    turns = max(2, round((0.05 if quick else 1.0) / (max(layout) * kernel)))
+    turns = max(2, round((0.05 if quick else 1.0) / (max(wake.sustained_kernels(layout)) * kernel)))
     figures = []
     with wake.sustained_streams(device, layout) as (streams, events):
         floor, launch_cpu = wake.sustained_floor(streams, events, turns, kernel)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import math
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -105,25 +106,27 @@ def _sustained_markdown(sustained: dict[str, Any]) -> list[str]:
     floor = sustained["floor"]
     lines = [
         "",
-        f"Sustained load: {floor['waiters']:,} tasks on {floor['streams']} streams, each in turn launching a"
-        f" {floor['kernel_us']:.0f} µs kernel on its stream, recording its event and awaiting it, {floor['turns']} turns"
+        f"Sustained load: {floor['waiters']:,} tasks on {floor['streams']} streams, each in turn recording its event on its"
+        f" stream (every fourth launching a {floor['kernel_us']:.0f} µs kernel first) and awaiting it, {floor['turns']} turns"
         f" ({floor['planned_waits']:,} waits a run): every stream keeps its kernels queued while the waits",
         "complete steadily. The floor makes the same launches and recordings from a plain loop that synchronizes",
         "each event in turn (no task at all), so the GPU runs the kernels back to back:"
         f" {floor['wall_ms']:.1f} ms (median; the kernels alone {floor['device_ms']:.1f} ms on the busiest stream),"
         f" {floor['launch_cpu_us']:.2f} µs of CPU a turn to launch and record.",
         "Cores are process CPU time over wall; *waiting* cores and CPU leave out the launches' and recordings'",
-        "own CPU (the floor's, per turn): what the way of waiting costs. Medians of the repeats, interleaved; a way",
+        "own CPU (the floor's, per turn): what the way of waiting costs; *engine* cores leave out also the loop's cost",
+        "of resuming each task from a plain future (measured alone): what the engine costs. Medians of the repeats,",
+        "interleaved; a way",
         "that fell behind stopped starting turns at twice the floor's wall, and its wall is scaled to the planned",
         "work at the pace it kept (stopped runs: last column).",
         "",
-        "| loop | strategy | waits | wall ms | vs floor | cores | waiting cores | CPU µs/wait | waiting CPU µs/wait | stopped early |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| loop | strategy | waits | wall ms | vs floor | cores | waiting cores | engine cores | CPU µs/wait | waiting CPU µs/wait | stopped early |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in sustained["rows"]:
         lines.append(
             f"| {row['loop']} | {row['strategy']} | {row['waits']:,} | {row['wall_ms']:.1f} | {row['wall_ratio_to_floor']:.3f}x |"
-            f" {row['cores']:.2f} | {row['waiting_cores']:.2f} | {row['cpu_us_per_wait']:.2f} | {row['waiting_cpu_us_per_wait']:.2f} |"
+            f" {row['cores']:.2f} | {row['waiting_cores']:.2f} | {row.get('engine_cores', math.nan):.2f} | {row['cpu_us_per_wait']:.2f} | {row['waiting_cpu_us_per_wait']:.2f} |"
             f" {row['stopped_early']} |"
         )
     lines += ["", "Goals (the best of the ways each is about, on each loop):", ""]

@@ -37,15 +37,17 @@ countdown. Fan-out runs on asyncio and again on uvloop where it is installed (uv
 The garbage collector is off while a fan-out runs (as ``timeit`` does). Before each fan-out run
 a fixed pure-Python loop is timed (``host_probe``): how fast the host ran Python at that moment.
 
-and sustained load: 10,000 tasks on 64 streams, each in turn launching a kernel of
-``SUSTAINED_KERNEL`` on its stream, recording its event and awaiting it, again and again for
-about ``SUSTAINED_SECONDS`` of GPU time, so that every stream always has about 156 kernels
+and sustained load: 10,240 tasks on 64 streams, each in turn recording its event on its stream
+(every fourth launching a kernel of ``SUSTAINED_KERNEL`` first) and awaiting it, again and
+again for about ``SUSTAINED_SECONDS`` of GPU time, so that every stream always has 40 kernels
 queued and completions arrive steadily rather than in one released burst: wall time against
 its floor (the same launches and recordings made by a plain loop that synchronizes each event in
 turn, no task at all: the kernels back to back on every stream at once, as the GPU runs them)
 and CPU as cores busy (process CPU time over wall), in all and less the launches' and
-recordings' own CPU (measured in the floor run): what the way of waiting costs. On asyncio and
-uvloop, for every strategy and ``asyncio.to_thread(event.synchronize)``, ``SUSTAINED_REPEATS``
+recordings' own CPU (measured in the floor run): what the way of waiting costs, and less also
+the loop's own cost of resuming the tasks from plain futures (``task_wakes``): what the engine
+costs. On asyncio and uvloop, for every strategy, ``thread`` on blocking-sync events and
+``asyncio.to_thread(event.synchronize)``, ``SUSTAINED_REPEATS``
 times interleaved; a way that falls behind stops starting new turns at ``SUSTAINED_CAP`` times
 the floor's wall and its wall is scaled to the work it did. The goals (``SUSTAINED_GOALS``) are
 printed as met or not met.
@@ -97,6 +99,9 @@ FANOUT_STREAMS = (1, 8, 64)
 EVENTS_PER_STREAM_MAX = 400
 EVENTS_MAX = 3_000
 OPERATIONS_PER_STREAM_MAX = 1_000
+#: Operations queued on all streams together: on an H100 (driver 580) enqueueing blocked once
+#: about 16,000 kernels and recordings were queued over 8 or 64 streams (``benchmarks.memory_flags``).
+OPERATIONS_MAX = 13_000
 #: (waiters, streams) where every waiter also gets an event of its own (within the limit above):
 #: an inference server's requests each await their own recording.
 FANOUT_OWN_EVENTS = ((10_000, 64),)
@@ -116,12 +121,16 @@ LAG_SECONDS = 0.5
 #: a round (the machine drifts: a noisy second must not land on one way of waiting alone).
 LATENCY_ROUNDS = 5
 #: Sustained load: this many tasks (task i on stream i % ``SUSTAINED_STREAMS``), each awaiting an
-#: event of its own, in turn, behind a kernel of ``SUSTAINED_KERNEL`` it launched; every stream
-#: keeps about 156 kernels queued (312 operations with the recordings: within
-#: ``OPERATIONS_PER_STREAM_MAX``), and 64 streams complete 64,000 waits a second.
-SUSTAINED_WAITERS = 10_000
+#: event of its own, in turn; every ``SUSTAINED_SHARE`` th task on a stream launches a kernel of
+#: ``SUSTAINED_KERNEL`` before its recording, so that a kernel's completion completes that many
+#: waits, as a batched step completes its requests' waits. Every stream keeps 40 kernels and
+#: 160 recordings queued (12,800 operations in all: within ``OPERATIONS_MAX``), and the 64
+#: streams complete 51,200 waits a second: about as many as one loop can launch, record and
+#: resume tasks for, with CPU to spare.
+SUSTAINED_WAITERS = 10_240
+SUSTAINED_SHARE = 4
 SUSTAINED_STREAMS = 64
-SUSTAINED_KERNEL = 1e-3
+SUSTAINED_KERNEL = 5e-3
 #: Each run is as many turns as make about this much GPU time on every stream.
 SUSTAINED_SECONDS = 3.0
 SUSTAINED_REPEATS = 2
@@ -134,6 +143,7 @@ SUSTAINED_WAYS = (
     "aiogpu poll",
     "aiogpu thread",
     "aiogpu callback",
+    baselines.THREAD_BLOCKING_SYNC,
     "to_thread(aiogpu Event.synchronize)",
 )
 #: (goal, the ways it is about (the best of them counts), at most this wall over the floor, at
@@ -141,7 +151,7 @@ SUSTAINED_WAYS = (
 #: own CPU).
 SUSTAINED_GOALS = (
     ("auto", ("aiogpu auto",), 1.05, 0.25),
-    ("best off-loop strategy", ("aiogpu thread", "aiogpu callback"), 1.10, 0.10),
+    ("best off-loop strategy", ("aiogpu thread", "aiogpu callback", baselines.THREAD_BLOCKING_SYNC), 1.10, 0.10),
 )
 
 
@@ -214,6 +224,8 @@ class SustainedRow:
     waiting_cores: float  # less the launches' and recordings' own CPU
     cpu_us_per_wait: float
     waiting_cpu_us_per_wait: float
+    resuming_cpu_us_per_wait: float  # a task resumed from a plain future (``task_wakes``)
+    engine_cores: float  # waiting cores less resuming the tasks: what the engine itself costs
     stopped_early: int  # runs that stopped starting turns at ``SUSTAINED_CAP``
 
 
@@ -580,15 +592,58 @@ def sustained_layout(waiters: int, nstreams: int) -> list[int]:
     return [waiters // nstreams + (index < waiters % nstreams) for index in range(nstreams)]
 
 
-def _round_robin(streams: list[aiogpu.Stream], events: list[list[aiogpu.Event]]) -> list[tuple[aiogpu.Stream, aiogpu.Event]]:
-    """(stream, event) of every waiter, the first of each stream's first, as requests spread."""
+def _round_robin(
+    streams: list[aiogpu.Stream], events: list[list[aiogpu.Event]]
+) -> list[tuple[aiogpu.Stream, aiogpu.Event, bool]]:
+    """(stream, event, whether it launches the kernel) of every waiter, the first of each
+    stream's first, as requests spread; every ``SUSTAINED_SHARE`` th waiter of a stream launches."""
     slots = max(len(stream_events) for stream_events in events)
     return [
-        (stream, stream_events[slot])
+        (stream, stream_events[slot], slot % SUSTAINED_SHARE == 0)
         for slot in range(slots)
         for stream, stream_events in zip(streams, events, strict=True)
         if slot < len(stream_events)
     ]
+
+
+async def task_wakes(waiters: int, turns: int) -> float:
+    """CPU seconds the running loop takes to resume a task from a plain future that is set, for
+    the task to count itself and await a new one: the least any way of waiting adds per wait."""
+    loop = asyncio.get_running_loop()
+    futures = [loop.create_future() for _ in range(waiters)]
+    left = waiters
+    round_done: asyncio.Future[None] = loop.create_future()
+
+    async def waiter(index: int) -> None:
+        nonlocal left, round_done
+        for _ in range(turns):
+            await futures[index]
+            futures[index] = loop.create_future()
+            left -= 1
+            if not left:
+                round_done.set_result(None)
+
+    tasks = [loop.create_task(waiter(index)) for index in range(waiters)]
+    await asyncio.sleep(0)
+    cpu = time.process_time()
+    for _ in range(turns):
+        left, round_done = waiters, loop.create_future()
+        for future in list(futures):
+            future.set_result(None)
+        await round_done
+    cpu = time.process_time() - cpu
+    await asyncio.gather(*tasks)
+    return cpu / (waiters * turns)
+
+
+def sustained_kernels(layout: list[int]) -> list[int]:
+    """How many kernels each stream has queued in a turn (its every ``SUSTAINED_SHARE`` th waiter's)."""
+    kernels = [-(-count // SUSTAINED_SHARE) for count in layout]
+    if sum(layout) + sum(kernels) > OPERATIONS_MAX:
+        raise ValueError(
+            f"{sum(layout) + sum(kernels)} operations queued at once could block the launch call (at most {OPERATIONS_MAX})"
+        )
+    return kernels
 
 
 def sustained_floor(
@@ -603,11 +658,12 @@ def sustained_floor(
     launching = 0.0
     started = time.perf_counter()
     for turn in range(turns):
-        for stream, event in order:
+        for stream, event, launches in order:
             if turn:
                 event.synchronize()
             before = clock()
-            launch_spin(stream, kernel)
+            if launches:
+                launch_spin(stream, kernel)
             event.record(stream)
             launching += clock() - before
     for stream_events in events:
@@ -628,7 +684,7 @@ async def sustained_run(
     order = _round_robin(streams, events)
     left, completed, stop_at = len(order), 0, math.inf
     if name.startswith("aiogpu "):
-        strategy: Any = name.removeprefix("aiogpu ")
+        strategy: Any = name.removeprefix("aiogpu ").split(",")[0]
 
         def wait(event: aiogpu.Event) -> Awaitable[None]:
             return event.wait(strategy=strategy)
@@ -637,14 +693,15 @@ async def sustained_run(
         def wait(event: aiogpu.Event) -> Awaitable[None]:
             return asyncio.to_thread(event.synchronize)
 
-    async def waiter(stream: aiogpu.Stream, event: aiogpu.Event) -> None:
+    async def waiter(stream: aiogpu.Stream, event: aiogpu.Event, launches: bool) -> None:
         nonlocal left, completed
         try:
             await start
             for turn in range(turns):
                 if turn and time.perf_counter() > stop_at:
                     break
-                launch_spin(stream, kernel)
+                if launches:
+                    launch_spin(stream, kernel)
                 event.record(stream)
                 await wait(event)
                 completed += 1
@@ -656,7 +713,7 @@ async def sustained_run(
         if not left:
             done.set_result(None)
 
-    tasks = [loop.create_task(waiter(stream, event)) for stream, event in order]  # in order: the launches go round robin
+    tasks = [loop.create_task(waiter(*waiter_of)) for waiter_of in order]  # in order: the launches go round robin
     await asyncio.sleep(0)  # every task is parked on the start
     gc.collect()
     gc.disable()  # as in fan-out: a collection of 10,000 tasks is noise here
@@ -678,13 +735,25 @@ async def sustained_run(
 def sustained_streams(device: aiogpu.Device, layout: list[int]) -> Iterator[tuple[list[aiogpu.Stream], list[list[aiogpu.Event]]]]:
     """A stream per entry of ``layout`` and that many events on each; drained and closed after."""
     streams = [aiogpu.Stream(device, nonblocking=True) for _ in layout]
-    events = [[aiogpu.Event(device) for _ in range(count)] for count in layout]
     try:
-        yield streams, events
+        with sustained_events(device, layout) as events:
+            try:
+                yield streams, events
+            finally:
+                for stream in streams:  # before the events close
+                    stream.synchronize()
     finally:
         for stream in streams:
-            stream.synchronize()
             stream.close()
+
+
+@contextlib.contextmanager
+def sustained_events(device: aiogpu.Device, layout: list[int], **options: Any) -> Iterator[list[list[aiogpu.Event]]]:
+    """As many events as ``layout`` says for each stream, made with ``options``; closed after."""
+    events = [[aiogpu.Event(device, **options) for _ in range(count)] for count in layout]
+    try:
+        yield events
+    finally:
         for stream_events in events:
             for event in stream_events:
                 event.close()
@@ -697,25 +766,31 @@ def sustained_cases(device: aiogpu.Device, quick: bool) -> dict[str, Any]:
     kernel = 0.5e-3 if quick else SUSTAINED_KERNEL
     seconds = 0.05 if quick else SUSTAINED_SECONDS
     layout = sustained_layout(waiters, SUSTAINED_STREAMS)
-    assert 2 * max(layout) <= OPERATIONS_PER_STREAM_MAX, "the launch call could block"
-    turns = max(2, math.ceil(seconds / (max(layout) * kernel)))
+    kernels = sustained_kernels(layout)
+    turns = max(2, math.ceil(seconds / (max(kernels) * kernel)))
     planned = waiters * turns
     floor_runs: list[tuple[float, float]] = []
     runs: dict[tuple[str, str], list[tuple[float, float, int]]] = {}
+    resuming: dict[str, list[float]] = {}
     what = f"{waiters:6} waiters {SUSTAINED_STREAMS:3} streams {kernel * 1e6:5.0f} us kernels, {turns} turns"
-    with sustained_streams(device, layout) as (streams, events):
+    with (
+        sustained_streams(device, layout) as (streams, events),
+        sustained_events(device, layout, blocking_sync=True) as blocking_events,
+    ):
         for repeat in range(1 if quick else SUSTAINED_REPEATS):  # interleaved: drift hits every way alike
             wall, launch_cpu = sustained_floor(streams, events, turns, kernel)
             floor_runs.append((wall, launch_cpu))
             print(
                 f"sustained {'':7} {what}  {SUSTAINED_FLOOR:40} wall {wall * 1e3:8.1f} ms"
-                f" (device time {max(layout) * turns * kernel * 1e3:.1f} ms)  launch + record {launch_cpu * 1e6:5.2f} us a turn"
+                f" (device time {max(kernels) * turns * kernel * 1e3:.1f} ms)  launch + record {launch_cpu * 1e6:5.2f} us a turn"
                 f"  (run {repeat + 1})",
                 flush=True,
             )
             for loop_name, run in event_loops():
+                resuming.setdefault(loop_name, []).append(run(task_wakes(waiters, 3)))
                 for name in SUSTAINED_WAYS:
-                    result = run(sustained_run(name, streams, events, turns, kernel, SUSTAINED_CAP * wall))
+                    chosen = blocking_events if name == baselines.THREAD_BLOCKING_SYNC else events
+                    result = run(sustained_run(name, streams, chosen, turns, kernel, SUSTAINED_CAP * wall))
                     runs.setdefault((loop_name, name), []).append(result)
                     ran, cpu, completed = result
                     print(
@@ -732,7 +807,7 @@ def sustained_cases(device: aiogpu.Device, quick: bool) -> dict[str, Any]:
         kernel_us=kernel * 1e6,
         turns=turns,
         planned_waits=planned,
-        device_ms=max(layout) * turns * kernel * 1e3,
+        device_ms=max(kernels) * turns * kernel * 1e3,
         wall_ms=floor_wall * 1e3,
         walls_ms=[wall * 1e3 for wall, _ in floor_runs],
         launch_cpu_us=launch_cpu * 1e6,
@@ -755,6 +830,11 @@ def sustained_cases(device: aiogpu.Device, quick: bool) -> dict[str, Any]:
                 waiting_cores=statistics.median((cpu - completed * launch_cpu) / wall for wall, cpu, completed in measured),
                 cpu_us_per_wait=statistics.median(cpu / completed for _, cpu, completed in measured) * 1e6,
                 waiting_cpu_us_per_wait=statistics.median(cpu / completed - launch_cpu for _, cpu, completed in measured) * 1e6,
+                resuming_cpu_us_per_wait=statistics.median(resuming[loop_name]) * 1e6,
+                engine_cores=statistics.median(
+                    (cpu - completed * (launch_cpu + statistics.median(resuming[loop_name]))) / wall
+                    for wall, cpu, completed in measured
+                ),
                 stopped_early=sum(completed < planned for _, _, completed in measured),
             )
         )
