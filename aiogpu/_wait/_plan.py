@@ -63,7 +63,7 @@ class Planner(Sweep):
         queue.last_query = 0.0
         estimate = queue.predictor.estimate
         queue.watch_from, queue.watch_until, queue.momentum_until, queue.next_poll, backoff = _policy.plan_head(
-            mode, start, estimate, self._lateness_max, now, after_progress
+            mode, start, estimate, self._lateness_max, now, after_progress, queued=start - head.target._recorded_at
         )
         queue.backoff = queue.early_backoff = backoff
         queue.early_poll = now + backoff

@@ -53,6 +53,16 @@ EARLY_POLL_SLACK = 2e-3
 WATCH_PAST_SHARE = 0.25
 WATCH_PAST_MIN = 100e-6
 
+#: A wait whose work started only after it had been queued behind earlier work on its stream
+#: for a while may be seen done up to ``QUEUED_SLACK_SHARE`` of that while late, and at most
+#: ``QUEUED_SLACK_MAX``: its head is looked at once, then, instead of watched closely from just
+#: before the prediction. When the GPU keeps every stream busy, all waits are queued, some
+#: stream's completion is always near, and close watches would keep the loop's core busy for
+#: good; looks this coarse let one wake-up complete every stream done since the last, while
+#: the queued work keeps the GPU busy. A lone wait is never queued and keeps its close watch.
+QUEUED_SLACK_SHARE = 0.01
+QUEUED_SLACK_MAX = 1e-3
+
 #: ``auto`` parks the unpredicted heads of at most this many streams on its one waiter thread;
 #: the others are queried on the back-off schedule (the thread's wake-up makes the loop sweep
 #: them all). A round of queries costs a few µs a stream, up to a round a millisecond while the
@@ -137,7 +147,14 @@ def warm_beat(now: float, wake_at: float) -> float:
 
 
 def plan_head(
-    mode: WaitStrategy, start: float, estimate: float | None, lateness: float, now: float, after_progress: bool
+    mode: WaitStrategy,
+    start: float,
+    estimate: float | None,
+    lateness: float,
+    now: float,
+    after_progress: bool,
+    *,
+    queued: float = 0.0,
 ) -> tuple[float, float, float, float, float]:
     """How to watch a stream's new oldest wait, whose work started at ``start``.
 
@@ -149,6 +166,9 @@ def plan_head(
     A predicted watch starts ``LEAD`` before the predicted completion; ``auto``'s also by the
     ``lateness`` of its precise wake-ups, up to ``LATENESS_SHARE`` of the predicted duration.
     It goes on past the prediction by ``WATCH_PAST_SHARE`` of it, at least ``WATCH_PAST_MIN``.
+    A head that was ``queued`` behind earlier work long enough for its slack
+    (``QUEUED_SLACK_SHARE``) to exceed ``LEAD`` gets no close watch: one look that slack after
+    the prediction (a watch from and until then), and back-off queries no closer than that.
     Runs for every new head (written out: a call more is a share of a wait's cost).
     """
     backoff = COLD_POLL[mode][0]
@@ -157,6 +177,12 @@ def plan_head(
     else:
         expected = start + estimate
         lead = LEAD[mode]
+        slack = min(QUEUED_SLACK_SHARE * queued, QUEUED_SLACK_MAX)
+        if slack > lead:
+            watch_from = watch_until = expected + slack
+            backoff = max(backoff, slack)
+            momentum_until = now + WATCH_AFTER_PROGRESS[mode] if after_progress else 0.0
+            return watch_from, watch_until, momentum_until, max(now, watch_until, momentum_until) + backoff, backoff
         if mode == "auto" and lateness:
             lead += min(lateness, LATENESS_SHARE * estimate)
         watch_from = expected - lead
