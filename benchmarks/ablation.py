@@ -49,37 +49,21 @@ _EVERY_STRATEGY_ZERO = {"auto": 0.0, "poll": 0.0, "thread": 0.0, "callback": 0.0
 HEURISTICS: dict[str, list[tuple[str, str, Any]]] = {
     # The close watch of a lone stream queries again and again for up to IDLE_SPIN when the loop
     # came back from a yield within IDLE_BEAT. A negative IDLE_BEAT: it never came back that
-    # fast, so one query per beat (IDLE_SPIN = 0 would also shorten spin-ahead's tail).
+    # fast, so one query per beat.
     "idle spin": [(_POLICY, "IDLE_BEAT", -1.0)],
-    # A wait on work predicted to end within SPIN_AHEAD is watched right where it started.
-    # Minus infinity: no prediction is ever that close.
-    "spin ahead": [(_POLICY, "SPIN_AHEAD", -math.inf)],
     # While the loop was at least BUSY_SHARE busy, parked waits are looked at from the loop once
     # per iteration. An infinite share: the loop never counts as busy.
     "busy-loop look": [(_POLICY, "BUSY_SHARE", math.inf)],
-    # A precise park longer than WARM_SPAN + WARM_BEAT wakes the loop WARM_SPAN early, then every
-    # WARM_BEAT. An infinite WARM_BEAT: every park sleeps straight to its time (an infinite
-    # WARM_SPAN would do the opposite: a beat every WARM_BEAT all the way).
-    "warm beats": [(_POLICY, "WARM_BEAT", math.inf)],
     # A sweep that woke SWEEP_WAKE_BUDGET tasks yields before the next stream. Never reached.
     "sweep budget": [(_POLICY, "SWEEP_WAKE_BUDGET", sys.maxsize)],
     # Loop timers due within KEEP_TIMER_HORIZON while the watcher parks get a timer-thread
     # wake-up. Zero: no timer is due within 0 < delay <= 0.
     "keep loop timer": [(_POLICY, "KEEP_TIMER_HORIZON", 0.0)],
-    # After a stream completed a wait, its next head is watched closely for WATCH_AFTER_PROGRESS.
-    # Zero for every strategy (the one beat after a completing sweep is not a tunable and stays).
-    "momentum": [(_POLICY, "WATCH_AFTER_PROGRESS", _EVERY_STRATEGY_ZERO)],
     # A wait with nothing predicted is watched closely for WATCH_UNPREDICTED before it parks.
     # Zero: it parks at once.
     "close watch at start": [(_POLICY, "WATCH_UNPREDICTED", _EVERY_STRATEGY_ZERO)],
     # Close watching starts LEAD before the predicted completion. Zero: at the prediction itself.
     "lead before the prediction": [(_POLICY, "LEAD", _EVERY_STRATEGY_ZERO)],
-    # auto starts watching earlier by its recent wake-ups' lateness, up to LATENESS_SHARE of the
-    # predicted duration. Zero: never earlier.
-    "lateness learning": [(_POLICY, "LATENESS_SHARE", 0.0)],
-    # A back-off query before a predicted completion is made only EARLY_POLL_SLACK before the
-    # close watch at the latest. Zero: right up to it.
-    "early poll slack": [(_POLICY, "EARLY_POLL_SLACK", 0.0)],
     # Back-off intervals are jittered by up to COLD_POLL_JITTER. Zero: exact.
     "cold poll jitter": [(_POLICY, "COLD_POLL_JITTER", 0.0)],
     # auto parks at most AUTO_WATCH_MAX streams' heads on its waiter thread. No cap.

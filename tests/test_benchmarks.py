@@ -360,23 +360,23 @@ def test_the_ablation_runs_each_heuristic_off_in_a_child_and_reports_it(tmp_path
         "ablation",
         out,
         100,
-        *("--rounds", "1", "--heuristics", "spin ahead", "momentum", "--", "--quick", "--parts", "lone"),
+        *("--rounds", "1", "--heuristics", "busy-loop look", "close watch at start", "--", "--quick", "--parts", "lone"),
         quick=False,
     )
     result = json.loads((out / "ablation.json").read_text())
-    assert [r["configuration"] for r in result["runs"]] == ["all on", "spin ahead", "all on", "momentum"]
+    assert [r["configuration"] for r in result["runs"]] == ["all on", "busy-loop look", "all on", "close watch at start"]
     patched = {r["configuration"]: r["patches"] for r in result["runs"]}
     assert patched["all on"] == []
-    (spin_ahead,) = patched["spin ahead"]
-    assert (spin_ahead["attribute"], spin_ahead["now"]) == ("SPIN_AHEAD", "-inf")
-    assert spin_ahead["module"] in ("aiogpu._wait._policy", "aiogpu._wait._watcher")
-    assert [p["attribute"] for p in patched["momentum"]] == ["WATCH_AFTER_PROGRESS"] * len(patched["momentum"])
+    (busy_look,) = patched["busy-loop look"]
+    assert (busy_look["attribute"], busy_look["now"]) == ("BUSY_SHARE", "inf")
+    assert busy_look["module"] == "aiogpu._wait._policy"
+    assert [p["attribute"] for p in patched["close watch at start"]] == ["WATCH_UNPREDICTED"]
     table = {row["heuristic"]: row for row in result["table"]}
-    assert set(table) == {"spin ahead", "momentum"}
+    assert set(table) == {"busy-loop look", "close watch at start"}
     for row in table.values():  # one run off against two all on: no judgement
         assert row["verdict"] == "too few runs to judge"
         assert {(m["workload"], m["metric"]) for m in row["metrics"]} == {
             (f"lone wait {work} µs, auto", metric) for work in (200, 5000) for metric in _LONE_METRICS
         }
-    assert "| spin ahead | `SPIN_AHEAD = -inf` | too few runs to judge |" in (out / "ablation.md").read_text()
-    assert "spin ahead                   too few runs to judge" in run.stdout
+    assert "| busy-loop look | `BUSY_SHARE = inf` | too few runs to judge |" in (out / "ablation.md").read_text()
+    assert "busy-loop look               too few runs to judge" in run.stdout

@@ -339,57 +339,17 @@ async def test_callback_watchdog_reports_a_fault(sim: SimulatedDriver) -> None:
 
 
 @pytest.mark.anyio
-async def test_auto_watches_earlier_when_its_timed_wake_ups_arrive_late(
+async def test_a_long_precise_park_has_the_timer_wake_the_loop_once_at_the_close_watch(
     sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The precise timer is made 0.6 ms late; ``auto`` must learn it and start watching earlier."""
     from aiogpu._wait import _policy, _registry, _timer
 
-    late = 0.6e-3  # under LATENESS_MAX: a slow wake-up, not a busy loop
-    monkeypatch.setattr(_policy, "WARM_SPAN", 0.0)  # one timed wake-up per park, the last one
-    call_at = _timer.Timer.call_at
-    monkeypatch.setattr(_timer.Timer, "call_at", lambda self, when, callback: call_at(self, when + late, callback))
-    with aiogpu.Stream(sim.device(0)) as stream:
-        watcher = _registry.current()
-        with anyio.fail_after(10):
-            for round_ in range(30):  # learn the duration, then park on the (late) timer
-                sim.launch(stream, seconds=0.04)
-                await stream.record().wait(strategy="auto")
-                if round_ >= 3 and watcher._lateness:
-                    break  # a busy machine can make a wake-up later than LATENESS_MAX: not a sample
-        assert watcher._lateness, "no precise wake-up was timed"
-        assert max(watcher._lateness) >= late
-        sim.launch(stream, seconds=0.04)
-        event = stream.record()
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(partial(event.wait, strategy="auto"))
-            await anyio.wait_all_tasks_blocked()
-            queue = next(iter(watcher._queues.values()))
-            estimate = queue.predictor.estimate
-            assert estimate is not None
-            lead = queue.start + estimate - queue.watch_from
-            assert lead == pytest.approx(_policy.LEAD["auto"] + min(max(watcher._lateness), 0.15 * estimate))
-            assert lead >= _policy.LEAD["auto"] + late
-        await event
-
-
-@pytest.mark.anyio
-async def test_a_long_precise_park_wakes_the_loop_in_beats_before_the_close_watch(
-    sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Parked for tens of ms: the timer wakes the loop WARM_SPAN before the close watch is due
-    # and then every WARM_BEAT until it, so the loop is awake when it counts.
-    from aiogpu._wait import _policy, _registry, _timer
-
-    # No back-off queries before the prediction: the whole sleep is the precise park. (With them
-    # the park starts at the last one, 2 ms before the watch if its loop timer is on time; on a
-    # loaded CI machine one came 1 ms late and the first beat was then less than WARM_SPAN ahead.)
-    monkeypatch.setattr(_policy, "EARLY_POLL_SLACK", 1.0)
-    asked: list[float] = []
+    asked: list[float] = []  # when the timer thread was asked to poke the watcher
     call_at = _timer.Timer.call_at
 
     def noted(self: _timer.Timer, when: float, callback: Any) -> int:
-        asked.append(when)
+        if callback == watcher._poke_threadsafe:  # not a kept loop timer's wake-up
+            asked.append(when)
         return call_at(self, when, callback)
 
     with aiogpu.Stream(sim.device(0)) as stream:
@@ -398,6 +358,8 @@ async def test_a_long_precise_park_wakes_the_loop_in_beats_before_the_close_watc
             for _ in range(4):  # the stream's work is predicted from here on
                 sim.launch(stream, seconds=0.04)
                 await stream.record().wait(strategy="auto")
+            # No back-off queries before the prediction: the whole sleep is the precise park.
+            monkeypatch.setitem(_policy.COLD_POLL, "auto", (1.0, 1.0))
             monkeypatch.setattr(_timer.Timer, "call_at", noted)
             sim.launch(stream, seconds=0.04)
             event = stream.record()
@@ -406,25 +368,7 @@ async def test_a_long_precise_park_wakes_the_loop_in_beats_before_the_close_watc
                 await anyio.wait_all_tasks_blocked()
                 watch_from = next(iter(watcher._queues.values())).watch_from
             assert event.is_done
-    beats = [when for when in asked if when <= watch_from]
-    # The first beat ends the long sleep; how many follow depends on how late each arrives
-    # (the schedule itself is the next test's).
-    assert beats[0] == watch_from - _policy.WARM_SPAN, beats
-    assert beats == sorted(beats)
-
-
-def test_beats_come_every_warm_beat_from_the_end_of_the_long_sleep_to_the_close_watch() -> None:
-    from aiogpu._wait import _policy
-
-    wake_at, now, beats = 0.005, 0.0, []
-    while not beats or beats[-1] < wake_at:  # each beat arriving on time
-        now = _policy.warm_beat(now, wake_at)
-        beats.append(now)
-    span, beat = _policy.WARM_SPAN, _policy.WARM_BEAT
-    assert beats == pytest.approx([wake_at - span + k * beat for k in range(round(span / beat) + 1)])
-    assert _policy.warm_beat(1.0, 1.0 + beat) == 1.0 + beat  # a short park: one timed wake-up
-    assert _policy.warm_beat(1.0, 1.0 + beat / 2) == 1.0 + beat / 2
-    assert _policy.warm_beat(1.0, 1.0 + span) == 1.0 + beat  # within the span: beating already
+    assert [when for when in asked if when <= watch_from] == [watch_from]
 
 
 def _asked_from_now_on(sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch) -> set[int]:
@@ -925,54 +869,27 @@ async def test_a_close_watch_on_a_busy_loop_yields_after_every_query(
     assert all(len(times) == 1 for times in beats), [len(times) for times in beats]
 
 
-async def _drives_per_wait(sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch, strategy: str) -> list[int]:
-    """Ten waits on 40 µs of work after three that taught the stream's predictor: how many
-    times the watcher was driven for each."""
-    from aiogpu._wait import _watcher
-
-    drives = 0
-    drive = _watcher.Watcher.drive
-
-    async def counted(self: _watcher.Watcher, until: object) -> None:
-        nonlocal drives
-        drives += 1
-        await drive(self, until)  # type: ignore[arg-type]
-
-    results = []
-    with aiogpu.Stream(sim.device(0)) as stream, aiogpu.Event(sim.device(0)) as event:
-        for number in range(13):
-            if number == 3:
-                monkeypatch.setattr(_watcher.Watcher, "drive", counted)
-            sim.launch(stream, 40e-6)
-            event.record(stream)
-            drives = 0
-            with anyio.fail_after(10):
-                await event.wait(strategy=strategy)  # type: ignore[arg-type]
-            if number >= 3:
-                results.append(drives)
-    return results
-
-
-async def _queries_before_the_watcher(sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch, strategy: str) -> tuple[int, float]:
+async def _queries_before_the_watcher(sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch, strategy: str) -> int:
     """A wait on held work that the stream's predictor says is about to finish: how many queries
-    were made, and how long after the wait started, before the watcher was driven."""
+    were made before the watcher was driven."""
     from aiogpu._wait import _predict, _watcher
 
-    queries: list[float] = []
+    queries = 0
     query = sim.event_query
-    first_drive: tuple[int, float] | None = None
+    first_drive: int | None = None
     driven = anyio.Event()
     drive = _watcher.Watcher.drive
 
     async def noted(self: _watcher.Watcher, until: object) -> None:
         nonlocal first_drive
         if first_drive is None:
-            first_drive = (len(queries), time.perf_counter())
+            first_drive = queries
             driven.set()
         await drive(self, until)  # type: ignore[arg-type]
 
     def counted(event: int) -> bool:
-        queries.append(time.perf_counter())
+        nonlocal queries
+        queries += 1
         return query(event)
 
     with aiogpu.Stream(sim.device(0)) as stream, aiogpu.Event(sim.device(0)) as event:
@@ -990,50 +907,22 @@ async def _queries_before_the_watcher(sim: SimulatedDriver, monkeypatch: pytest.
         _predict.for_stream(event._stream_key).estimate = 10e-6  # "about to finish"
         monkeypatch.setattr(_watcher.Watcher, "drive", noted)
         monkeypatch.setattr(sim, "event_query", counted)
-        started = time.perf_counter()
         with anyio.fail_after(10):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(partial(event.wait, strategy=strategy))  # type: ignore[arg-type]
                 await driven.wait()
                 work.release()
     assert first_drive is not None
-    count, at = first_drive
-    return count, at - started
+    return first_drive
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("strategy", ["auto", "poll"])
-async def test_short_work_is_watched_where_its_wait_starts(
+@pytest.mark.parametrize("strategy", ["auto", "poll", "thread", "callback"])
+async def test_a_wait_on_work_about_to_finish_asks_once_before_the_watcher_takes_it(
     sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch, strategy: str
 ) -> None:
-    # Predicted to finish within SPIN_AHEAD: yield once, then query until done, with no entry,
-    # plan or watcher drive (what a lone 20 µs wait would otherwise spend its wake-up on).
-    drives = await _drives_per_wait(sim, monkeypatch, strategy)
-    assert sum(count == 0 for count in drives) >= 5, drives
-
-
-@pytest.mark.anyio
-async def test_short_work_that_runs_late_falls_back_to_the_watcher_promptly(
-    sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from aiogpu._wait import _policy
-
-    # Long enough that a slow yield cannot use the whole spin up before the second query.
-    monkeypatch.setattr(_policy, "IDLE_SPIN", 1e-3)
-    queries, after = await _queries_before_the_watcher(sim, monkeypatch, "poll")
-    assert queries >= 2, queries  # it asked again where the wait started, then handed over
-    # Spinning on would last until the work is released (the 10 s limit); the margin is for a
-    # machine that preempts the loop for a while, which a CI host shared by several runs does.
-    assert after < _policy.SPIN_AHEAD + _policy.IDLE_SPIN + 50e-3, f"spun for {after * 1e6:.0f} µs"
-
-
-@pytest.mark.anyio
-@pytest.mark.parametrize("strategy", ["thread", "callback"])
-async def test_off_loop_strategies_never_watch_on_the_loop(
-    sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch, strategy: str
-) -> None:
-    queries, _ = await _queries_before_the_watcher(sim, monkeypatch, strategy)
-    assert queries == 1, queries  # the one every wait starts with
+    queries = await _queries_before_the_watcher(sim, monkeypatch, strategy)
+    assert queries == 1, queries  # the one every wait starts with: the rest is the watcher's
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="timer slack is a Linux setting")

@@ -110,7 +110,6 @@ class Queue:
         "entries",
         "key",
         "last_query",
-        "momentum_until",
         "next_poll",
         "predictor",
         "previous_done",
@@ -129,7 +128,7 @@ class Queue:
         self.progressed = False  # the last sweep completed some of it: more is likely done soon
         self.backstop: Subscriber | None = None
         self.backstop_index = 0  # the head's position among the events its waiter thread queries
-        self.start = self.watch_from = self.watch_until = self.momentum_until = self.next_poll = self.last_query = 0.0
+        self.start = self.watch_from = self.watch_until = self.next_poll = self.last_query = 0.0
         self.backoff = self.early_backoff = self.early_poll = 0.0
         self.unlearned: tuple[float, float] | None = None  # (pending, done) not yet told the predictor
 

@@ -22,7 +22,6 @@ Rules this file keeps:
 from __future__ import annotations
 
 import math
-from collections import deque
 from typing import TYPE_CHECKING
 
 from . import _doorbell, _helpers, _policy, _thread
@@ -40,8 +39,6 @@ class Planner(Sweep):
     def __init__(self, backend: Backend) -> None:
         super().__init__(backend)
         self._listening = False  # to the doorbell
-        self._lateness: deque[float] = deque(maxlen=_policy.LATENESS_WINDOW)  # of precise wake-ups (s)
-        self._lateness_max = 0.0  # the largest of them: read by every ``auto`` head's plan
         self._auto_watched: set[Queue] = set()  # queues whose ``auto`` head the watch queries
 
     def _poke_threadsafe(self) -> bool:
@@ -62,8 +59,8 @@ class Planner(Sweep):
         queue.start = start = max(head.target._recorded_at, queue.previous_done)
         queue.last_query = 0.0
         estimate = queue.predictor.estimate
-        queue.watch_from, queue.watch_until, queue.momentum_until, queue.next_poll, backoff = _policy.plan_head(
-            mode, start, estimate, self._lateness_max, now, after_progress, queued=start - head.target._recorded_at
+        queue.watch_from, queue.watch_until, queue.next_poll, backoff = _policy.plan_head(
+            mode, start, estimate, now, queued=start - head.target._recorded_at
         )
         queue.backoff = queue.early_backoff = backoff
         queue.early_poll = now + backoff
@@ -82,9 +79,7 @@ class Planner(Sweep):
         queues = self._queues.values()
         off_loop = OFF_LOOP
         for queue in queues:
-            if queue.entries[0].mode not in off_loop and (
-                queue.progressed or queue.watch_from <= now <= queue.watch_until or now <= queue.momentum_until
-            ):
+            if queue.entries[0].mode not in off_loop and (queue.progressed or queue.watch_from <= now <= queue.watch_until):
                 self._drop_auto_watch()
                 return now, False
         wake_at, precise = math.inf, False
@@ -96,9 +91,9 @@ class Planner(Sweep):
                 # long piece of work on the stream, then short ones: seconds late otherwise).
                 if now >= queue.early_poll:  # it was just queried by the sweep: back off
                     queue.early_poll, queue.early_backoff = _policy.back_off(now, queue.early_backoff, mode)
-                look_at, look_precisely = _policy.early_look(queue.early_poll, queue.watch_from, mode)
-                if look_at < wake_at:
-                    wake_at, precise = look_at, look_precisely
+                look_at = min(queue.early_poll, queue.watch_from)
+                if look_at < wake_at:  # the watch's start is looked at precisely for ``auto`` (timer thread)
+                    wake_at, precise = look_at, mode == "auto" and look_at == queue.watch_from
                 continue
             if mode == "auto":
                 parked_auto.append(queue)

@@ -8,8 +8,9 @@ Rules this file keeps:
 2. Every tunable is a module attribute, read through the module at call time
    (``_policy.IDLE_SPIN``, or bound inside a function), never imported by name elsewhere: a
    benchmark or a test switches a heuristic off by setting the attribute here.
-3. Each heuristic earns its place in ``benchmarks/wake.py``, old against new; the comment on
-   each table says what it trades.
+3. Each heuristic earns its place by measurement (``benchmarks/wake.py``, old against new;
+   ``benchmarks/ablation.py`` switches each off in turn); the comment on each table says what
+   it trades.
 """
 
 from __future__ import annotations
@@ -22,20 +23,9 @@ if TYPE_CHECKING:
 
 #: After a wait starts with nothing predicted: how long to watch closely before parking.
 WATCH_UNPREDICTED = {"auto": 100e-6, "poll": 2e-3, "thread": 0.0, "callback": 0.0}
-#: After a stream completed a wait, watch its next one closely for this long whatever the
-#: prediction says: a stream that is completing work tends to complete more (fan-out).
-WATCH_AFTER_PROGRESS = {"auto": 100e-6, "poll": 100e-6, "thread": 0.0, "callback": 0.0}
 #: How long before the predicted completion close watching starts (covers wake-up jitter:
 #: the timer thread's ~50-100 µs, the loop timers' ~1 ms).
 LEAD = {"auto": 250e-6, "poll": 1.5e-3, "thread": 150e-6, "callback": 0.0}
-#: ``auto`` also learns how late its precise wake-ups arrive (timer thread, then the loop
-#: thread waking from idle: hundreds of µs after a few ms asleep) and starts
-#: watching that much earlier: the largest of the last ``LATENESS_WINDOW`` wake-ups, but never
-#: more than ``LATENESS_SHARE`` of the predicted duration (the CPU that costs).
-LATENESS_WINDOW = 32
-#: Later than this is the loop being busy (a long callback), not the wake-up being slow: ignored.
-LATENESS_MAX = 2e-3
-LATENESS_SHARE = 0.15
 #: Parked queues are queried at least this often (first, then doubling to the cap). For
 #: ``callback`` this is the watchdog: host functions never run after a sticky context error.
 COLD_POLL = {"auto": (1e-3, 10e-3), "poll": (0.25e-3, 2e-3), "thread": (1e-3, 10e-3), "callback": (1e-3, 10e-3)}
@@ -44,10 +34,6 @@ COLD_POLL = {"auto": (1e-3, 10e-3), "poll": (0.25e-3, 2e-3), "thread": (1e-3, 10
 #: anyio's ``wait_all_tasks_blocked`` (which looks every 100 ms, the loop waking on whole
 #: milliseconds) can find the watcher just woken, poll after poll, for seconds on end.
 COLD_POLL_JITTER = 0.2
-#: A back-off query before a predicted completion is made only this long before the close watch
-#: at the latest: the loop's timers fire late (asyncio rounds a timeout up to whole ms), and one
-#: that fires past the watch's start delays the wake-up by as much (``benchmarks/wake.py``'s p99).
-EARLY_POLL_SLACK = 2e-3
 #: A close watch goes on past the predicted completion for this share of the prediction, and
 #: at least ``WATCH_PAST_MIN``, before the head parks again.
 WATCH_PAST_SHARE = 0.25
@@ -82,19 +68,6 @@ KEEP_IDLE_QUEUES = 64
 #: wait at most ``IDLE_SPIN`` for their turn, and only when none was ready a moment ago.
 IDLE_BEAT = 15e-6
 IDLE_SPIN = 20e-6
-#: A wait that starts while the watcher is idle, on a stream whose work is predicted to finish
-#: within ``SPIN_AHEAD``, yields once (its checkpoint) and is then watched right there, query
-#: after query until ``IDLE_SPIN`` past the prediction, instead of through an entry, a plan and
-#: a first yield: for ~20 µs of work, setting those up costs more than the work has left.
-SPIN_AHEAD = 50e-6
-#: A precise park (``auto``) longer than ``WARM_SPAN + WARM_BEAT`` wakes the loop ``WARM_SPAN``
-#: before its time and then every ``WARM_BEAT`` until it (each beat a sweep and a plan): on a VM, a thread
-#: asleep for milliseconds can wake milliseconds late, one asleep for a few hundred µs seldom
-#: does, and the same holds for the loop woken by a timely poke. The beats trade a little CPU
-#: for a p99 that a late wake-up no longer sets; beats closer together, or starting earlier,
-#: cost more CPU for no better p99 (``benchmarks/wake.py``'s 5 ms workload measures both).
-WARM_SPAN = 0.8e-3
-WARM_BEAT = 0.4e-3
 #: A sweep that has woken this many waiting tasks leaves the queues it has not reached for the
 #: next beat (they go first then) and yields: the woken tasks run while the GPU finishes the
 #: rest. Without it, a released fan-out of thousands of waits completes everything in one
@@ -133,42 +106,20 @@ def back_off(now: float, backoff: float, mode: WaitStrategy) -> tuple[float, flo
     return now + backoff * random.uniform(1 - jitter, 1 + jitter), min(2 * backoff, COLD_POLL[mode][1])
 
 
-def warm_beat(now: float, wake_at: float) -> float:
-    """When a precise park should wake the loop: ``WARM_SPAN`` before ``wake_at`` after a long
-    sleep, then every ``WARM_BEAT`` until ``wake_at`` (the last beat up to half a beat longer,
-    rather than a sliver)."""
-    left = wake_at - now
-    beat = WARM_BEAT
-    if left <= 1.5 * beat:
-        return wake_at
-    if left > WARM_SPAN + beat:
-        return wake_at - WARM_SPAN
-    return now + beat
-
-
 def plan_head(
-    mode: WaitStrategy,
-    start: float,
-    estimate: float | None,
-    lateness: float,
-    now: float,
-    after_progress: bool,
-    *,
-    queued: float = 0.0,
-) -> tuple[float, float, float, float, float]:
+    mode: WaitStrategy, start: float, estimate: float | None, now: float, *, queued: float = 0.0
+) -> tuple[float, float, float, float]:
     """How to watch a stream's new oldest wait, whose work started at ``start``.
 
-    Returns ``(watch_from, watch_until, momentum_until, next_poll, backoff)``: the close watch
-    (from now when nothing is predicted; around the predicted completion otherwise), the watch
-    kept up after the stream made progress, the first back-off query after those and the pause
-    before it.
+    Returns ``(watch_from, watch_until, next_poll, backoff)``: the close watch (from now when
+    nothing is predicted; around the predicted completion otherwise), the first back-off query
+    after it and the pause before it.
 
-    A predicted watch starts ``LEAD`` before the predicted completion; ``auto``'s also by the
-    ``lateness`` of its precise wake-ups, up to ``LATENESS_SHARE`` of the predicted duration.
-    It goes on past the prediction by ``WATCH_PAST_SHARE`` of it, at least ``WATCH_PAST_MIN``.
-    A head that was ``queued`` behind earlier work long enough for its slack
-    (``QUEUED_SLACK_SHARE``) to exceed ``LEAD`` gets no close watch: one look that slack after
-    the prediction (a watch from and until then), and back-off queries no closer than that.
+    A predicted watch starts ``LEAD`` before the predicted completion and goes on past it by
+    ``WATCH_PAST_SHARE`` of the prediction, at least ``WATCH_PAST_MIN``. A head that was
+    ``queued`` behind earlier work long enough for its slack (``QUEUED_SLACK_SHARE``) to exceed
+    ``LEAD`` gets no close watch: one look that slack after the prediction (a watch from and
+    until then), and back-off queries no closer than that.
     Runs for every new head (written out: a call more is a share of a wait's cost).
     """
     backoff = COLD_POLL[mode][0]
@@ -176,31 +127,15 @@ def plan_head(
         watch_from, watch_until = now, now + WATCH_UNPREDICTED[mode]
     else:
         expected = start + estimate
-        lead = LEAD[mode]
         slack = min(QUEUED_SLACK_SHARE * queued, QUEUED_SLACK_MAX)
-        if slack > lead:
+        if slack > LEAD[mode]:
             watch_from = watch_until = expected + slack
             backoff = max(backoff, slack)
-            momentum_until = now + WATCH_AFTER_PROGRESS[mode] if after_progress else 0.0
-            return watch_from, watch_until, momentum_until, max(now, watch_until, momentum_until) + backoff, backoff
-        if mode == "auto" and lateness:
-            lead += min(lateness, LATENESS_SHARE * estimate)
-        watch_from = expected - lead
+            return watch_from, watch_until, max(now, watch_until) + backoff, backoff
+        watch_from = expected - LEAD[mode]
         watch_until = expected + max(WATCH_PAST_MIN, WATCH_PAST_SHARE * estimate)
-    momentum_until = now + WATCH_AFTER_PROGRESS[mode] if after_progress else 0.0
-    next_poll = max(now, watch_until, momentum_until) + backoff
-    return watch_from, watch_until, momentum_until, next_poll, backoff
-
-
-def early_look(early_poll: float, watch_from: float, mode: WaitStrategy) -> tuple[float, bool]:
-    """Before a predicted head's close watch: when to look next and whether precisely.
-
-    A back-off query (``early_poll``) comes first unless a late loop timer could then delay
-    the watch (``EARLY_POLL_SLACK``); else the watch's start, precisely for ``auto``.
-    """
-    if early_poll + EARLY_POLL_SLACK < watch_from:
-        return early_poll, False
-    return watch_from, mode == "auto"
+    next_poll = max(now, watch_until) + backoff
+    return watch_from, watch_until, next_poll, backoff
 
 
 def loop_was_busy(elapsed: float, cpu: float) -> bool:

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 class Registration:
     """How the registry of asyncio loops' watchers holds one: strongly while it is idle, when it
-    refers to nothing of its loop (only to what it learned: predictions, lateness), and weakly
+    refers to nothing of its loop (only to what it learned: predictions), and weakly
     while waits are pending. It then refers to its loop (the waiting tasks' futures, the driving
     task), and the loop to it: the driving task is in the loop's ready queue, behind one of its
     timers, or about to be poked by aiogpu's timer or a waiter thread. Held strongly then, a loop

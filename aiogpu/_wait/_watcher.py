@@ -9,13 +9,10 @@ Rules this file keeps:
 2. While only one stream has waits, its close watch asks about its head at each beat and
    nothing else (again and again for up to ``IDLE_SPIN`` when the loop came straight back),
    and completes it in a few steps (learning from it waits for the stream's next wait): the
-   wake-up path of a lone wait is the one that decides its latency. A lone wait on work
-   predicted to finish within ``SPIN_AHEAD`` skips all of it: it yields once and watches right
-   where it started (``spin_ahead``).
-3. A precise park (``auto``) wakes the loop in a few beats before its time after a long sleep
-   (``WARM_SPAN``) and learns how late those wake-ups arrive; the loop's own timers due while
-   it parks are kept on time (``_keep_loop_timer``). While the loop is busy, a parked driver
-   is also looked at from the loop itself, once per iteration (``_busy``).
+   wake-up path of a lone wait is the one that decides its latency.
+3. A precise park (``auto``) has the timer thread wake the loop once, at its time; the loop's
+   own timers due while it parks are kept on time (``_keep_loop_timer``). While the loop is
+   busy, a parked driver is also looked at from the loop itself, once per iteration (``_busy``).
 4. Nothing raised here reaches the loop, and no wait hangs: however the driving task ends, the
    waits left are failed or handed over.
 """
@@ -36,7 +33,6 @@ if TYPE_CHECKING:
 
     from ._backends import Backend, Park, Signal
     from ._entries import Entry, Queue
-    from ._recording import Recording
     from ._registry import Registration
 
 
@@ -64,8 +60,8 @@ def _nothing() -> None:
 
 
 class Watcher(Planner):
-    """The watcher of one loop. What a waiting task calls: ``running``, ``spin_ahead``,
-    ``enqueue``, ``poke``, ``drive`` and ``leave``; the rest runs inside ``drive``."""
+    """The watcher of one loop. What a waiting task calls: ``running``, ``enqueue``, ``poke``,
+    ``drive`` and ``leave``; the rest runs inside ``drive``."""
 
     def __init__(self, backend: Backend) -> None:
         super().__init__(backend)
@@ -86,26 +82,6 @@ class Watcher(Planner):
         if not entry.waiters:
             _entries.forget(entry)  # the queue drops it lazily
             _entries.let_go(entry)  # never queried again: abandoned entries are skipped unasked
-
-    async def spin_ahead(self, target: Recording) -> bool:
-        """If the target's stream's work is predicted to finish within ``SPIN_AHEAD``: yield once
-        (the wait's checkpoint), then query until it is done or ``IDLE_SPIN`` past the
-        prediction. Returns whether it was seen done; nothing yields after that, so the wake-up
-        costs no loop iteration."""
-        queue = self._idle_queues.get(target._stream_key)
-        if queue is None or queue.predictor.estimate is None:
-            return False
-        now = time.perf_counter()
-        finish = max(target._recorded_at, queue.previous_done) + queue.predictor.estimate
-        if finish - now > _policy.SPIN_AHEAD:
-            return False
-        give_up = max(finish, now) + _policy.IDLE_SPIN
-        await self.backend.yield_now()
-        query, handle = target._driver.event_query, target._handle
-        while not query(handle):
-            if time.perf_counter() > give_up:
-                return False
-        return True
 
     def poke(self) -> None:
         """Look again now (loop thread, a task's step: a new wait)."""
@@ -163,7 +139,7 @@ class Watcher(Planner):
         head = queue.entries[0]
         target = head.target
         query, handle, generation = target._driver.event_query, target._handle, head.generation
-        watch_until = max(queue.watch_until, queue.momentum_until)
+        watch_until = queue.watch_until
         queues, entries = self._queues, queue.entries
         yield_now, clock = self.backend.yield_now, time.perf_counter
         idle_beat, idle_spin = _policy.IDLE_BEAT, _policy.IDLE_SPIN
@@ -252,8 +228,7 @@ class Watcher(Planner):
     # -- sleeping -----------------------------------------------------------------------------
     async def _park(self, now: float, wake_at: float, precise: bool) -> None:
         if precise:
-            beat_at = _policy.warm_beat(now, wake_at)
-            self._keep_loop_timer(beat_at)
+            self._keep_loop_timer(wake_at)
         else:  # on a loop timer, which fires up to a whole millisecond late
             self._keep_loop_timer(wake_at + _policy.LOOP_TIMER_SLACK, unless_only_poll=True)
         park = self._parked = self.backend.new_park()
@@ -261,14 +236,8 @@ class Watcher(Planner):
         handle = None
         try:
             if precise:
-                handle = _timer.timer().call_at(beat_at, self._poke_threadsafe)
+                handle = _timer.timer().call_at(wake_at, self._poke_threadsafe)
                 await park
-                late = time.perf_counter() - wake_at
-                if (
-                    0 <= late <= _policy.LATENESS_MAX
-                ):  # woken by the timer (a beat or the last), not by a completion or a new wait
-                    self._lateness.append(late)
-                    self._lateness_max = max(self._lateness)
             else:
                 await self.backend.sleep_in_park(park, wake_at - now)
         finally:
