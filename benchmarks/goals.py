@@ -15,8 +15,8 @@ Parts (``--parts``; every one but ``sustained`` by default), each for the strate
   per wait;
 - ``overlap``: GPU jobs beside host chunks on one loop (``benchmarks.overlap``): the speed-up
   over running them one after the other, and the wall over the floor;
-- ``sustained``: ``benchmarks.wake``'s sustained load, shortened, on asyncio only: wall over its
-  floor and the cores busy waiting.
+- ``sustained``: ``benchmarks.wake``'s sustained load, shortened, on 32 streams (one per
+  hardware queue), on asyncio only: wall over its floor and the cores busy waiting.
 
 Writes ``goals.json`` (every figure as workload, metric, value) to ``--out`` and prints them.
 Without a GPU it runs on the simulated device and says so.
@@ -133,7 +133,7 @@ def overlapping(device: aiogpu.Device, strategies: list[str], quick: bool) -> li
 def sustained(device: aiogpu.Device, strategies: list[str], quick: bool) -> list[tuple[str, str, float]]:
     waiters = 1_000 if quick else wake.SUSTAINED_WAITERS
     kernel = 0.5e-3 if quick else wake.SUSTAINED_KERNEL
-    layout = wake.sustained_layout(waiters, wake.SUSTAINED_STREAMS)
+    layout = wake.sustained_layout(waiters, wake.HARDWARE_QUEUES)  # within the hardware queues
     turns = max(2, round((0.05 if quick else 1.0) / (max(wake.sustained_kernels(layout)) * kernel)))
     figures = []
     with wake.sustained_streams(device, layout) as (streams, events):

@@ -120,6 +120,13 @@ LAG_SECONDS = 0.5
 #: Each workload's ways of waiting are measured in this many rounds, one after the other within
 #: a round (the machine drifts: a noisy second must not land on one way of waiting alone).
 LATENCY_ROUNDS = 5
+#: The most hardware work queues the driver gives a context (``CUDA_DEVICE_MAX_CONNECTIONS``;
+#: its default is 8). Streams beyond them share a queue, where a kernel waiting for its own
+#: stream's previous one holds up every other stream's work behind it: past 32 streams, kernels
+#: launched in the order their waits complete, not round robin as the floors launch them, run
+#: far slower than the floors whatever the way of waiting. The benchmarks ask for every queue,
+#: unless the variable is set, as a server with many streams should.
+HARDWARE_QUEUES = 32
 #: Sustained load: this many tasks (task i on stream i % ``SUSTAINED_STREAMS``), each awaiting an
 #: event of its own, in turn; every ``SUSTAINED_SHARE`` th task on a stream launches a kernel of
 #: ``SUSTAINED_KERNEL`` before its recording, so that a kernel's completion completes that many
@@ -759,20 +766,20 @@ def sustained_events(device: aiogpu.Device, layout: list[int], **options: Any) -
                 event.close()
 
 
-def sustained_cases(device: aiogpu.Device, quick: bool) -> dict[str, Any]:
+def sustained_cases(device: aiogpu.Device, quick: bool, nstreams: int = SUSTAINED_STREAMS) -> dict[str, Any]:
     """The sustained load on every loop for every way of waiting, interleaved, against its floor;
     prints the goals, met or not met."""
     waiters = 1_000 if quick else SUSTAINED_WAITERS
     kernel = 0.5e-3 if quick else SUSTAINED_KERNEL
     seconds = 0.05 if quick else SUSTAINED_SECONDS
-    layout = sustained_layout(waiters, SUSTAINED_STREAMS)
+    layout = sustained_layout(waiters, nstreams)
     kernels = sustained_kernels(layout)
     turns = max(2, math.ceil(seconds / (max(kernels) * kernel)))
     planned = waiters * turns
     floor_runs: list[tuple[float, float]] = []
     runs: dict[tuple[str, str], list[tuple[float, float, int]]] = {}
     resuming: dict[str, list[float]] = {}
-    what = f"{waiters:6} waiters {SUSTAINED_STREAMS:3} streams {kernel * 1e6:5.0f} us kernels, {turns} turns"
+    what = f"{waiters:6} waiters {nstreams:3} streams {kernel * 1e6:5.0f} us kernels, {turns} turns"
     with (
         sustained_streams(device, layout) as (streams, events),
         sustained_events(device, layout, blocking_sync=True) as blocking_events,
@@ -803,7 +810,7 @@ def sustained_cases(device: aiogpu.Device, quick: bool) -> dict[str, Any]:
     launch_cpu = statistics.median(cost for _, cost in floor_runs)
     floor = SustainedFloor(
         waiters=waiters,
-        streams=SUSTAINED_STREAMS,
+        streams=nstreams,
         kernel_us=kernel * 1e6,
         turns=turns,
         planned_waits=planned,
@@ -820,7 +827,7 @@ def sustained_cases(device: aiogpu.Device, quick: bool) -> dict[str, Any]:
                 loop=loop_name,
                 strategy=name,
                 waiters=waiters,
-                streams=SUSTAINED_STREAMS,
+                streams=nstreams,
                 kernel_us=kernel * 1e6,
                 planned_waits=planned,
                 waits=round(statistics.median(completed for _, _, completed in measured)),
@@ -879,6 +886,8 @@ def sustained_goals(rows: list[SustainedRow]) -> list[dict[str, Any]]:
 
 
 def open_device() -> tuple[aiogpu.Device, bool]:
+    """Device 0, or the simulated device where there is no GPU; with every hardware queue."""
+    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", str(HARDWARE_QUEUES))
     try:
         return aiogpu.Device(0), False
     except aiogpu.CudaUnavailableError:
@@ -899,7 +908,7 @@ def event_loops() -> list[tuple[str, Callable[[Coroutine[Any, Any, Any]], Any]]]
 PARTS = ("latency", "fanout", "sustained")
 
 
-def main(out: Path, quick: bool, parts: tuple[str, ...] = PARTS) -> None:
+def main(out: Path, quick: bool, parts: tuple[str, ...] = PARTS, sustained_streams: int = SUSTAINED_STREAMS) -> None:
     device, simulated = open_device()
     environment = baselines.environment(device, simulated)
     print(json.dumps(environment), flush=True)
@@ -924,7 +933,7 @@ def main(out: Path, quick: bool, parts: tuple[str, ...] = PARTS) -> None:
         fanout = [row for name, run in event_loops() for row in run(fanout_cases(device, quick, name))]
         result["fanout"] = [asdict(r) for r in fanout]
     if "sustained" in parts:
-        result["sustained"] = sustained_cases(device, quick)
+        result["sustained"] = sustained_cases(device, quick, sustained_streams)
     out.mkdir(parents=True, exist_ok=True)
     (out / "wake.json").write_text(json.dumps(result, indent=1))
     (out / "wake.md").write_text(report.markdown(result))
@@ -937,5 +946,6 @@ if __name__ == "__main__":
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--quick", action="store_true", help="fewer waits per case (a smoke run)")
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="run only these parts")
+    parser.add_argument("--sustained-streams", type=int, default=SUSTAINED_STREAMS, help="streams of the sustained load")
     arguments = parser.parse_args()
-    main(arguments.out, arguments.quick, tuple(arguments.parts))
+    main(arguments.out, arguments.quick, tuple(arguments.parts), arguments.sustained_streams)
