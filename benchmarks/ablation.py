@@ -71,6 +71,9 @@ HEURISTICS: dict[str, list[tuple[str, str, Any]]] = {
     # Up to KEEP_IDLE_QUEUES idle streams keep their queue, and with it their predictor, for the
     # next wait. Zero: a stream forgets what it learned whenever it has nothing pending.
     "idle queues kept": [(_POLICY, "KEEP_IDLE_QUEUES", 0)],
+    # A head queued behind earlier work is looked at once, QUEUED_SLACK_SHARE of its time queued
+    # after its prediction. Zero: no slack, so every head gets its close watch.
+    "queued slack": [(_POLICY, "QUEUED_SLACK_SHARE", 0.0)],
 }
 ALL_ON = "all on"
 

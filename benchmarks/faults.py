@@ -10,7 +10,8 @@ event from the opening until the query fails.
 A fault poisons the process's context, so every run is a child process of its own: the floor
 and each (loop, strategy) ``REPEATS`` times, interleaved. On asyncio, uvloop and trio where they
 are installed. The goal (``GOAL_MS``): every task sees the fault within that many milliseconds
-of the floor's median detection. Without a GPU it runs on the simulated device, where a fault
+of the fault; the table also says whether it does within that many of the floor's median
+detection, which is as soon as the driver allows. Without a GPU it runs on the simulated device, where a fault
 is seen at once, and says so.
 
 Writes ``faults.json`` and ``faults.md`` to ``--out``.
@@ -142,25 +143,31 @@ def run_child(loop_name: str, strategy: str, tasks: int) -> dict[str, Any]:
     return json.loads(lines[-1])
 
 
+def _met(milliseconds: float) -> str:
+    return "met" if milliseconds <= GOAL_MS else "not met"
+
+
 def markdown(result: dict[str, Any]) -> str:
     environment = result["environment"]
     lines = [
-        f"# Fault detection: {_metrics.where(environment)}, {environment['date']}",
+        f"# Fault detection: {_metrics.where(environment)}, driver {environment.get('driver', '-')}, {environment['date']}",
         "",
         f"{result['tasks']} tasks await one event behind a faulting kernel; milliseconds from the fault to the first and the"
         f" last task seeing `CudaError` (medians of {result['repeats']} runs), and the process's cores busy meanwhile. The"
-        f" floor is a loop doing nothing but query the event. Goal: the last task within {GOAL_MS:.0f} ms of the floor.",
+        f" floor is a loop doing nothing but query the event: when the driver reports the fault. Goal: the last task"
+        f" within {GOAL_MS:.0f} ms of the fault; beside it, whether it is within {GOAL_MS:.0f} ms of the driver's report.",
         "",
-        "| loop | strategy | first ms | last ms | over the floor ms | cores | goal |",
-        "|---|---|---:|---:|---:|---:|---|",
+        f"| loop | strategy | first ms | last ms | over the floor ms | cores | ≤ {GOAL_MS:.0f} ms after the fault |"
+        f" ≤ {GOAL_MS:.0f} ms after the driver's report |",
+        "|---|---|---:|---:|---:|---:|---|---|",
     ]
     floor = result["floor_ms"]
     for row in result["rows"]:
         over = row["last_ms"] - floor
-        goal = "" if row["strategy"] == FLOOR else ("met" if over <= GOAL_MS else "not met")
+        goals = ["", ""] if row["strategy"] == FLOOR else [_met(row["last_ms"]), _met(over)]
         lines.append(
             f"| {row['loop']} | {row['strategy']} | {row['first_ms']:.1f} | {row['last_ms']:.1f} | {over:.1f} |"
-            f" {row['cores']:.2f} | {goal} |"
+            f" {row['cores']:.2f} | {goals[0]} | {goals[1]} |"
         )
     return "\n".join(lines) + "\n"
 

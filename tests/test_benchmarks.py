@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks import _child, _metrics, ablation, baselines, compare, goals, wake
+from benchmarks import _child, _metrics, ablation, baselines, compare, faults, goals, wake
 from tests.conftest import gpu_unavailable_reason
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -126,6 +126,9 @@ def test_the_sustained_load_runs_every_way_of_waiting_against_its_floor(tmp_path
         assert row["wall_ms"] * 1.01 >= floor["device_ms"], row  # no way of waiting beats the GPU
         assert row["cores"] > 0 and row["waiting_cores"] < row["cores"], row
         assert row["waiting_cpu_us_per_wait"] == pytest.approx(row["cpu_us_per_wait"] - floor["launch_cpu_us"])
+        # Resuming a task from a plain future costs something, and the engine the rest.
+        assert row["resuming_cpu_us_per_wait"] > 0, row
+        assert row["engine_cores"] < row["waiting_cores"], row
     # Each goal once per loop, judged on one of the ways it is about, met or not.
     goals = {(goal["goal"], goal["loop"]): goal for goal in sustained["goals"]}
     assert set(goals) == {(goal, loop) for goal, *_ in wake.SUSTAINED_GOALS for loop in loops}
@@ -138,6 +141,26 @@ def test_the_sustained_load_runs_every_way_of_waiting_against_its_floor(tmp_path
     assert "Sustained load: 1,000 tasks on 64 streams" in markdown
     assert markdown.count("| aiogpu auto |") == len(loops)
     assert (tmp_path / "wake.png").read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.slow
+def test_the_fault_benchmark_times_each_loop_and_strategy_against_the_drivers_report(tmp_path: Path) -> None:
+    run = run_on_the_simulated_device("faults", tmp_path, 250, "--repeats", "1", "--tasks", "5", quick=False)
+    result = json.loads((tmp_path / "faults.json").read_text())
+    assert result["environment"]["simulated"] is True
+    cases = [(row["loop"], row["strategy"]) for row in result["rows"]]
+    assert cases[0] == ("-", faults.FLOOR)
+    loops = faults._loops()
+    assert sorted(cases[1:]) == sorted((loop, strategy) for loop in loops for strategy in faults.STRATEGIES)
+    for row in result["rows"]:
+        assert 0 <= row["first_ms"] <= row["last_ms"], row
+        assert len(row["runs"]) == 1 and row["cores"] > 0, row
+    assert result["floor_ms"] == result["rows"][0]["last_ms"]
+    markdown = (tmp_path / "faults.md").read_text()
+    assert "SIMULATED" in markdown
+    assert markdown.count("| met | met |") == len(cases) - 1  # the simulated device faults at once
+    assert run.stdout.count("(run 1)") == len(cases)
 
 
 class _RecordedEvent:
