@@ -51,6 +51,9 @@ HEURISTICS: dict[str, list[tuple[str, str, Any]]] = {
     # came back from a yield within IDLE_BEAT. A negative IDLE_BEAT: it never came back that
     # fast, so one query per beat.
     "idle spin": [(_POLICY, "IDLE_BEAT", -1.0)],
+    # A wait on work predicted to end within SPIN_AHEAD is watched right where it started.
+    # Minus infinity: no prediction is ever that close.
+    "spin ahead": [(_POLICY, "SPIN_AHEAD", -math.inf)],
     # While the loop was at least BUSY_SHARE busy, parked waits are looked at from the loop once
     # per iteration. An infinite share: the loop never counts as busy.
     "busy-loop look": [(_POLICY, "BUSY_SHARE", math.inf)],
@@ -64,6 +67,9 @@ HEURISTICS: dict[str, list[tuple[str, str, Any]]] = {
     "close watch at start": [(_POLICY, "WATCH_UNPREDICTED", _EVERY_STRATEGY_ZERO)],
     # Close watching starts LEAD before the predicted completion. Zero: at the prediction itself.
     "lead before the prediction": [(_POLICY, "LEAD", _EVERY_STRATEGY_ZERO)],
+    # A back-off query before a predicted completion is made only EARLY_POLL_SLACK before the
+    # close watch at the latest. Zero: right up to it.
+    "early poll slack": [(_POLICY, "EARLY_POLL_SLACK", 0.0)],
     # Back-off intervals are jittered by up to COLD_POLL_JITTER. Zero: exact.
     "cold poll jitter": [(_POLICY, "COLD_POLL_JITTER", 0.0)],
     # auto parks at most AUTO_WATCH_MAX streams' heads on its waiter thread. No cap.
@@ -71,9 +77,6 @@ HEURISTICS: dict[str, list[tuple[str, str, Any]]] = {
     # Up to KEEP_IDLE_QUEUES idle streams keep their queue, and with it their predictor, for the
     # next wait. Zero: a stream forgets what it learned whenever it has nothing pending.
     "idle queues kept": [(_POLICY, "KEEP_IDLE_QUEUES", 0)],
-    # A head queued behind earlier work is looked at once, QUEUED_SLACK_SHARE of its time queued
-    # after its prediction. Zero: no slack, so every head gets its close watch.
-    "queued slack": [(_POLICY, "QUEUED_SLACK_SHARE", 0.0)],
 }
 ALL_ON = "all on"
 

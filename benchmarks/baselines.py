@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import datetime
 import importlib.util
+import os
 import platform
 import warnings
 from typing import TYPE_CHECKING, Any, get_args
@@ -43,6 +44,7 @@ def environment(device: aiogpu.Device, simulated: bool) -> dict[str, Any]:
         "aiogpu": aiogpu.__version__,
         "date": datetime.date.today().isoformat(),
         "python": platform.python_version(),
+        "cuda_device_max_connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS", "driver default"),
     }
     if not simulated:
         from cuda.bindings import driver

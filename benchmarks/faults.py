@@ -38,6 +38,7 @@ REPEATS = 3
 GOAL_MS = 50.0
 STRATEGIES = ("auto", "poll", "thread", "callback")
 FLOOR = "floor"
+CHILD_TIMEOUT = 120
 
 
 def _loops() -> list[str]:
@@ -62,7 +63,7 @@ def child(loop_name: str, strategy: str, tasks: int) -> dict[str, Any]:
     device, _ = open_device()
     stream = aiogpu.Stream(device, nonblocking=True)
     warm = aiogpu.Event(device)
-    launch_spin(stream, 1e-4)  # loads the instruments' module and starts the engine's threads
+    launch_spin(stream, 1e-4)  # loads the instruments' kernels before the clock runs
     warm.record(stream)
     warm.synchronize()
     event = aiogpu.Event(device)
@@ -78,9 +79,10 @@ def child(loop_name: str, strategy: str, tasks: int) -> dict[str, Any]:
 
     if strategy == FLOOR:
         start, cpu = opened()
-        while True:
+        while time.perf_counter() < start + CHILD_TIMEOUT / 2:
             try:
-                event.is_done  # noqa: B018 (the query raises once the fault is seen)
+                if event.is_done:
+                    break  # no fault: the check below says so
             except aiogpu.CudaError:
                 seen.append(time.perf_counter())
                 break
@@ -122,7 +124,7 @@ def _await_fault(loop_name: str, strategy: str, tasks: int, event: Any, opened: 
     async def main_asyncio() -> tuple[float, float]:
         waiting = [asyncio.ensure_future(waiter()) for _ in range(tasks)]
         for _ in range(3):
-            await asyncio.sleep(0)  # every task parked in its wait
+            await asyncio.sleep(0)  # every task has started its wait
         began = opened()
         await asyncio.gather(*waiting)
         return began
@@ -136,7 +138,10 @@ def _await_fault(loop_name: str, strategy: str, tasks: int, event: Any, opened: 
 
 def run_child(loop_name: str, strategy: str, tasks: int) -> dict[str, Any]:
     command = [sys.executable, "-m", "benchmarks.faults", "--child", loop_name, strategy, "--tasks", str(tasks)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=CHILD_TIMEOUT, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise RuntimeError(f"{loop_name} {strategy}: no result in {CHILD_TIMEOUT} s") from exc
     lines = done.stdout.strip().splitlines()
     if done.returncode or not lines:
         raise RuntimeError(f"{loop_name} {strategy}: exit {done.returncode}\n{done.stderr[-2000:]}")

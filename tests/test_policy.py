@@ -81,22 +81,8 @@ def test_a_loop_is_busy_from_the_share_of_its_time_it_ran() -> None:
     assert not _policy.loop_was_busy(0.0, 0.0)  # no time passed: nothing to say
 
 
-def test_a_head_queued_behind_earlier_work_is_looked_at_once_a_slack_after_its_prediction() -> None:
-    share, most = _policy.QUEUED_SLACK_SHARE, _policy.QUEUED_SLACK_MAX
-    queued = 2 * _policy.LEAD["auto"] / share  # a slack of twice the lead, below the cap
-    assert share * queued < most
-    watch_from, watch_until, next_poll, backoff = _policy.plan_head("auto", 1.0, 5e-3, 1.0, queued=queued)
-    assert watch_from == watch_until == pytest.approx(1.0 + 5e-3 + share * queued)  # no close watch
-    assert backoff == max(_policy.COLD_POLL["auto"][0], share * queued)
-    assert next_poll == pytest.approx(watch_until + backoff)
-    far_behind = _policy.plan_head("auto", 1.0, 5e-3, 1.0, queued=100 * most / share)
-    assert far_behind[0] == pytest.approx(1.0 + 5e-3 + most)  # the slack's cap
-
-
-def test_a_head_queued_too_briefly_for_its_slack_to_pass_the_lead_keeps_its_close_watch() -> None:
-    for mode in ("auto", "poll", "thread"):
-        queued = 0.5 * _policy.LEAD[mode] / _policy.QUEUED_SLACK_SHARE  # type: ignore[index]
-        queued_watch = _policy.plan_head(mode, 1.0, 5e-3, 1.0, queued=queued)  # type: ignore[arg-type]
-        lone_watch = _policy.plan_head(mode, 1.0, 5e-3, 1.0)  # type: ignore[arg-type]
-        assert queued_watch == lone_watch
-        assert lone_watch[0] < 1.0 + 5e-3 < lone_watch[1]  # closely, around the prediction
+def test_before_a_predicted_watch_a_back_off_query_comes_first_unless_it_could_delay_the_watch() -> None:
+    slack = _policy.EARLY_POLL_SLACK
+    assert _policy.early_look(1.0, 1.0 + 2 * slack, "auto") == (1.0, False)
+    assert _policy.early_look(1.0, 1.0 + slack / 2, "auto") == (1.0 + slack / 2, True)  # precisely
+    assert _policy.early_look(1.0, 1.0 + slack / 2, "poll") == (1.0 + slack / 2, False)  # loop timers only

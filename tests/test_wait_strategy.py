@@ -869,27 +869,54 @@ async def test_a_close_watch_on_a_busy_loop_yields_after_every_query(
     assert all(len(times) == 1 for times in beats), [len(times) for times in beats]
 
 
-async def _queries_before_the_watcher(sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch, strategy: str) -> int:
+async def _drives_per_wait(sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch, strategy: str) -> list[int]:
+    """Ten waits on 40 µs of work after three that taught the stream's predictor: how many
+    times the watcher was driven for each."""
+    from aiogpu._wait import _watcher
+
+    drives = 0
+    drive = _watcher.Watcher.drive
+
+    async def counted(self: _watcher.Watcher, until: object) -> None:
+        nonlocal drives
+        drives += 1
+        await drive(self, until)  # type: ignore[arg-type]
+
+    results = []
+    with aiogpu.Stream(sim.device(0)) as stream, aiogpu.Event(sim.device(0)) as event:
+        for number in range(13):
+            if number == 3:
+                monkeypatch.setattr(_watcher.Watcher, "drive", counted)
+            sim.launch(stream, 40e-6)
+            event.record(stream)
+            drives = 0
+            with anyio.fail_after(10):
+                await event.wait(strategy=strategy)  # type: ignore[arg-type]
+            if number >= 3:
+                results.append(drives)
+    return results
+
+
+async def _queries_before_the_watcher(sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch, strategy: str) -> tuple[int, float]:
     """A wait on held work that the stream's predictor says is about to finish: how many queries
-    were made before the watcher was driven."""
+    were made, and how long after the wait started, before the watcher was driven."""
     from aiogpu._wait import _predict, _watcher
 
-    queries = 0
+    queries: list[float] = []
     query = sim.event_query
-    first_drive: int | None = None
+    first_drive: tuple[int, float] | None = None
     driven = anyio.Event()
     drive = _watcher.Watcher.drive
 
     async def noted(self: _watcher.Watcher, until: object) -> None:
         nonlocal first_drive
         if first_drive is None:
-            first_drive = queries
+            first_drive = (len(queries), time.perf_counter())
             driven.set()
         await drive(self, until)  # type: ignore[arg-type]
 
     def counted(event: int) -> bool:
-        nonlocal queries
-        queries += 1
+        queries.append(time.perf_counter())
         return query(event)
 
     with aiogpu.Stream(sim.device(0)) as stream, aiogpu.Event(sim.device(0)) as event:
@@ -907,22 +934,50 @@ async def _queries_before_the_watcher(sim: SimulatedDriver, monkeypatch: pytest.
         _predict.for_stream(event._stream_key).estimate = 10e-6  # "about to finish"
         monkeypatch.setattr(_watcher.Watcher, "drive", noted)
         monkeypatch.setattr(sim, "event_query", counted)
+        started = time.perf_counter()
         with anyio.fail_after(10):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(partial(event.wait, strategy=strategy))  # type: ignore[arg-type]
                 await driven.wait()
                 work.release()
     assert first_drive is not None
-    return first_drive
+    count, at = first_drive
+    return count, at - started
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("strategy", ["auto", "poll", "thread", "callback"])
-async def test_a_wait_on_work_about_to_finish_asks_once_before_the_watcher_takes_it(
+@pytest.mark.parametrize("strategy", ["auto", "poll"])
+async def test_short_work_is_watched_where_its_wait_starts(
     sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch, strategy: str
 ) -> None:
-    queries = await _queries_before_the_watcher(sim, monkeypatch, strategy)
-    assert queries == 1, queries  # the one every wait starts with: the rest is the watcher's
+    # Predicted to finish within SPIN_AHEAD: yield once, then query until done, with no entry,
+    # plan or watcher drive (what a lone 20 µs wait would otherwise spend its wake-up on).
+    drives = await _drives_per_wait(sim, monkeypatch, strategy)
+    assert sum(count == 0 for count in drives) >= 5, drives
+
+
+@pytest.mark.anyio
+async def test_short_work_that_runs_late_falls_back_to_the_watcher_promptly(
+    sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aiogpu._wait import _policy
+
+    # Long enough that a slow yield cannot use the whole spin up before the second query.
+    monkeypatch.setattr(_policy, "IDLE_SPIN", 1e-3)
+    queries, after = await _queries_before_the_watcher(sim, monkeypatch, "poll")
+    assert queries >= 2, queries  # it asked again where the wait started, then handed over
+    # Spinning on would last until the work is released (the 10 s limit); the margin is for a
+    # machine that preempts the loop for a while, which a CI host shared by several runs does.
+    assert after < _policy.SPIN_AHEAD + _policy.IDLE_SPIN + 50e-3, f"spun for {after * 1e6:.0f} µs"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("strategy", ["thread", "callback"])
+async def test_off_loop_strategies_never_watch_on_the_loop(
+    sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch, strategy: str
+) -> None:
+    queries, _ = await _queries_before_the_watcher(sim, monkeypatch, strategy)
+    assert queries == 1, queries  # the one every wait starts with
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="timer slack is a Linux setting")

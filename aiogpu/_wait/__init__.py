@@ -54,6 +54,7 @@ from ._recording import Recording as Recording  # noqa: TC001 (``Event``'s base 
 from ._recording import is_own_stream_key as is_own_stream_key
 from ._recording import own_stream_key as own_stream_key
 from ._registry import current
+from ._strategy import OFF_LOOP
 from ._strategy import STRATEGIES as STRATEGIES
 from ._strategy import WaitStrategy as WaitStrategy
 from ._strategy import check_strategy as check_strategy
@@ -112,6 +113,13 @@ async def wait(target: Recording, *, strategy: WaitStrategy | None = None) -> No
         held = _holds.hold(target, watcher)  # by the entry from here on (``_entries.let_go``)
         try:
             done = target._driver.event_query(target._handle)
+            if not done and mode not in OFF_LOOP and not watcher.running:  # short work, idle watcher
+                if await watcher.spin_ahead(target):
+                    _holds.let_go(target, held)
+                    return  # it yielded before it saw the work done: checkpointed
+                entry = joinable(target, watcher)  # others may have started waiting meanwhile
+                if entry is not None:
+                    _holds.let_go(target, held)  # held by that entry already
         except BaseException:
             _holds.let_go(target, held)
             raise

@@ -59,9 +59,7 @@ class Planner(Sweep):
         queue.start = start = max(head.target._recorded_at, queue.previous_done)
         queue.last_query = 0.0
         estimate = queue.predictor.estimate
-        queue.watch_from, queue.watch_until, queue.next_poll, backoff = _policy.plan_head(
-            mode, start, estimate, now, queued=start - head.target._recorded_at
-        )
+        queue.watch_from, queue.watch_until, queue.next_poll, backoff = _policy.plan_head(mode, start, estimate, now)
         queue.backoff = queue.early_backoff = backoff
         queue.early_poll = now + backoff
         queue.progressed = after_progress
@@ -91,9 +89,9 @@ class Planner(Sweep):
                 # long piece of work on the stream, then short ones: seconds late otherwise).
                 if now >= queue.early_poll:  # it was just queried by the sweep: back off
                     queue.early_poll, queue.early_backoff = _policy.back_off(now, queue.early_backoff, mode)
-                look_at = min(queue.early_poll, queue.watch_from)
-                if look_at < wake_at:  # the watch's start is looked at precisely for ``auto`` (timer thread)
-                    wake_at, precise = look_at, mode == "auto" and look_at == queue.watch_from
+                look_at, look_precisely = _policy.early_look(queue.early_poll, queue.watch_from, mode)
+                if look_at < wake_at:
+                    wake_at, precise = look_at, look_precisely
                 continue
             if mode == "auto":
                 parked_auto.append(queue)

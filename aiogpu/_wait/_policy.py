@@ -34,20 +34,14 @@ COLD_POLL = {"auto": (1e-3, 10e-3), "poll": (0.25e-3, 2e-3), "thread": (1e-3, 10
 #: anyio's ``wait_all_tasks_blocked`` (which looks every 100 ms, the loop waking on whole
 #: milliseconds) can find the watcher just woken, poll after poll, for seconds on end.
 COLD_POLL_JITTER = 0.2
+#: A back-off query before a predicted completion is made only this long before the close watch
+#: at the latest: the loop's timers fire late (asyncio rounds a timeout up to whole ms), and one
+#: that fires past the watch's start delays the wake-up by as much (``benchmarks/wake.py``'s p99).
+EARLY_POLL_SLACK = 2e-3
 #: A close watch goes on past the predicted completion for this share of the prediction, and
 #: at least ``WATCH_PAST_MIN``, before the head parks again.
 WATCH_PAST_SHARE = 0.25
 WATCH_PAST_MIN = 100e-6
-
-#: A wait whose work started only after it had been queued behind earlier work on its stream
-#: for a while may be seen done up to ``QUEUED_SLACK_SHARE`` of that while late, and at most
-#: ``QUEUED_SLACK_MAX``: its head is looked at once, then, instead of watched closely from just
-#: before the prediction. When the GPU keeps every stream busy, all waits are queued, some
-#: stream's completion is always near, and close watches would keep the loop's core busy for
-#: good; looks this coarse let one wake-up complete every stream done since the last, while
-#: the queued work keeps the GPU busy. A lone wait is never queued and keeps its close watch.
-QUEUED_SLACK_SHARE = 0.01
-QUEUED_SLACK_MAX = 1e-3
 
 #: ``auto`` parks the unpredicted heads of at most this many streams on its one waiter thread;
 #: the others are queried on the back-off schedule (the thread's wake-up makes the loop sweep
@@ -68,6 +62,11 @@ KEEP_IDLE_QUEUES = 64
 #: wait at most ``IDLE_SPIN`` for their turn, and only when none was ready a moment ago.
 IDLE_BEAT = 15e-6
 IDLE_SPIN = 20e-6
+#: A wait that starts while the watcher is idle, on a stream whose work is predicted to finish
+#: within ``SPIN_AHEAD``, yields once (its checkpoint) and is then watched right there, query
+#: after query until ``IDLE_SPIN`` past the prediction, instead of through an entry, a plan and
+#: a first yield: for ~20 µs of work, setting those up costs more than the work has left.
+SPIN_AHEAD = 50e-6
 #: A sweep that has woken this many waiting tasks leaves the queues it has not reached for the
 #: next beat (they go first then) and yields: the woken tasks run while the GPU finishes the
 #: rest. Without it, a released fan-out of thousands of waits completes everything in one
@@ -106,9 +105,7 @@ def back_off(now: float, backoff: float, mode: WaitStrategy) -> tuple[float, flo
     return now + backoff * random.uniform(1 - jitter, 1 + jitter), min(2 * backoff, COLD_POLL[mode][1])
 
 
-def plan_head(
-    mode: WaitStrategy, start: float, estimate: float | None, now: float, *, queued: float = 0.0
-) -> tuple[float, float, float, float]:
+def plan_head(mode: WaitStrategy, start: float, estimate: float | None, now: float) -> tuple[float, float, float, float]:
     """How to watch a stream's new oldest wait, whose work started at ``start``.
 
     Returns ``(watch_from, watch_until, next_poll, backoff)``: the close watch (from now when
@@ -116,10 +113,7 @@ def plan_head(
     after it and the pause before it.
 
     A predicted watch starts ``LEAD`` before the predicted completion and goes on past it by
-    ``WATCH_PAST_SHARE`` of the prediction, at least ``WATCH_PAST_MIN``. A head that was
-    ``queued`` behind earlier work long enough for its slack (``QUEUED_SLACK_SHARE``) to exceed
-    ``LEAD`` gets no close watch: one look that slack after the prediction (a watch from and
-    until then), and back-off queries no closer than that.
+    ``WATCH_PAST_SHARE`` of the prediction, at least ``WATCH_PAST_MIN``.
     Runs for every new head (written out: a call more is a share of a wait's cost).
     """
     backoff = COLD_POLL[mode][0]
@@ -127,15 +121,21 @@ def plan_head(
         watch_from, watch_until = now, now + WATCH_UNPREDICTED[mode]
     else:
         expected = start + estimate
-        slack = min(QUEUED_SLACK_SHARE * queued, QUEUED_SLACK_MAX)
-        if slack > LEAD[mode]:
-            watch_from = watch_until = expected + slack
-            backoff = max(backoff, slack)
-            return watch_from, watch_until, max(now, watch_until) + backoff, backoff
         watch_from = expected - LEAD[mode]
         watch_until = expected + max(WATCH_PAST_MIN, WATCH_PAST_SHARE * estimate)
     next_poll = max(now, watch_until) + backoff
     return watch_from, watch_until, next_poll, backoff
+
+
+def early_look(early_poll: float, watch_from: float, mode: WaitStrategy) -> tuple[float, bool]:
+    """Before a predicted head's close watch: when to look next and whether precisely.
+
+    A back-off query (``early_poll``) comes first unless a late loop timer could then delay
+    the watch (``EARLY_POLL_SLACK``); else the watch's start, precisely for ``auto``.
+    """
+    if early_poll + EARLY_POLL_SLACK < watch_from:
+        return early_poll, False
+    return watch_from, mode == "auto"
 
 
 def loop_was_busy(elapsed: float, cpu: float) -> bool:

@@ -9,7 +9,9 @@ Rules this file keeps:
 2. While only one stream has waits, its close watch asks about its head at each beat and
    nothing else (again and again for up to ``IDLE_SPIN`` when the loop came straight back),
    and completes it in a few steps (learning from it waits for the stream's next wait): the
-   wake-up path of a lone wait is the one that decides its latency.
+   wake-up path of a lone wait is the one that decides its latency. A lone wait on work
+   predicted to finish within ``SPIN_AHEAD`` skips all of it: it yields once and watches right
+   where it started (``spin_ahead``).
 3. A precise park (``auto``) has the timer thread wake the loop once, at its time; the loop's
    own timers due while it parks are kept on time (``_keep_loop_timer``). While the loop is
    busy, a parked driver is also looked at from the loop itself, once per iteration (``_busy``).
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
 
     from ._backends import Backend, Park, Signal
     from ._entries import Entry, Queue
+    from ._recording import Recording
     from ._registry import Registration
 
 
@@ -60,8 +63,8 @@ def _nothing() -> None:
 
 
 class Watcher(Planner):
-    """The watcher of one loop. What a waiting task calls: ``running``, ``enqueue``, ``poke``,
-    ``drive`` and ``leave``; the rest runs inside ``drive``."""
+    """The watcher of one loop. What a waiting task calls: ``running``, ``spin_ahead``,
+    ``enqueue``, ``poke``, ``drive`` and ``leave``; the rest runs inside ``drive``."""
 
     def __init__(self, backend: Backend) -> None:
         super().__init__(backend)
@@ -82,6 +85,26 @@ class Watcher(Planner):
         if not entry.waiters:
             _entries.forget(entry)  # the queue drops it lazily
             _entries.let_go(entry)  # never queried again: abandoned entries are skipped unasked
+
+    async def spin_ahead(self, target: Recording) -> bool:
+        """If the target's stream's work is predicted to finish within ``SPIN_AHEAD``: yield once
+        (the wait's checkpoint), then query until it is done or ``IDLE_SPIN`` past the
+        prediction. Returns whether it was seen done; nothing yields after that, so the wake-up
+        costs no loop iteration."""
+        queue = self._idle_queues.get(target._stream_key)
+        if queue is None or queue.predictor.estimate is None:
+            return False
+        now = time.perf_counter()
+        finish = max(target._recorded_at, queue.previous_done) + queue.predictor.estimate
+        if finish - now > _policy.SPIN_AHEAD:
+            return False
+        give_up = max(finish, now) + _policy.IDLE_SPIN
+        await self.backend.yield_now()
+        query, handle = target._driver.event_query, target._handle
+        while not query(handle):
+            if time.perf_counter() > give_up:
+                return False
+        return True
 
     def poke(self) -> None:
         """Look again now (loop thread, a task's step: a new wait)."""
