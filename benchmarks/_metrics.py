@@ -17,6 +17,7 @@ LOWER_IS_BETTER = {
     "p99 over floor µs": True,
     "CPU share of floor": True,
     "CPU µs/wait": True,
+    "first wake ms": True,
     "lag p99 ms": True,
     "timer lag p99 ms": True,
     "wall / GPU floor": True,

@@ -11,8 +11,10 @@ import asyncio
 import contextlib
 import datetime
 import importlib.util
+import math
 import os
 import platform
+import time
 import warnings
 from typing import TYPE_CHECKING, Any, get_args
 
@@ -179,9 +181,11 @@ FANOUT_WAITERS = (
 
 def fanout_tasks(
     name: str, targets: list[aiogpu.Event], per_stream: list[list[aiogpu.Event]]
-) -> tuple[Callable[[], Awaitable[None]], list[asyncio.Task[None]]]:
+) -> tuple[Callable[[], Awaitable[float]], list[asyncio.Task[None]]]:
     """Start the waiters for ``name`` now (parked before the release); return "await them all"
     and the tasks (the loop holds tasks only weakly: keep them until the clock has stopped).
+    Awaiting them all returns when the first task woke (``time.perf_counter()``; NaN for the
+    GPU floor, which has no task).
 
     The GPU floor has no waiting tasks at all. The task floor: one spinning synchronize per
     stream, then resolving a plain future that each task awaits, in the order the tasks were
@@ -196,9 +200,10 @@ def fanout_tasks(
     wake-up being measured).
     """
 
-    async def synchronize_last() -> None:
+    async def synchronize_last() -> float:
         for events in per_stream:
             events[-1].synchronize()
+        return math.nan
 
     if name == FANOUT_GPU_FLOOR:
         return synchronize_last, []
@@ -229,7 +234,7 @@ def fanout_tasks(
             stream_futures.clear()
             await asyncio.sleep(0)  # they run before the next stream is looked at
 
-    async def wait_all() -> None:
+    async def wait_all() -> float:
         if name == FANOUT_TASK_FLOOR:
             await synchronize_last()
             for future in futures:
@@ -238,6 +243,7 @@ def fanout_tasks(
         elif name == FANOUT_STREAM_ORDER_FLOOR:
             await wake_stream_by_stream()
         await countdown.done
+        return countdown.first_done
 
     return wait_all, tasks
 
@@ -248,6 +254,8 @@ class _Countdown:
     def __init__(self, loop: asyncio.AbstractEventLoop, count: int) -> None:
         self.done: asyncio.Future[None] = loop.create_future()
         self._left = count
+        self._first = count - 1  # ``_left`` once the first wait has finished
+        self.first_done = math.nan  # when it did (``time.perf_counter()``)
 
     async def after(self, wait: Awaitable[None]) -> None:
         try:
@@ -257,5 +265,7 @@ class _Countdown:
                 self.done.set_exception(exc)
             return
         self._left -= 1
+        if self._left == self._first:
+            self.first_done = time.perf_counter()
         if not self._left:
             self.done.set_result(None)

@@ -7,9 +7,11 @@ Parts (``--parts``; every one but ``sustained`` by default), each for the strate
 - ``lone``: lone waits on 200 µs and 5 ms of work, each strategy interleaved with the floor (a
   spinning ``cuEventSynchronize`` on the loop) in rounds, as ``benchmarks.wake`` measures them:
   p50 and p99 over the floor's, and CPU per wait as a share of the floor's;
+- ``first_wait``: waits on 200 µs of work, each on a new stream (nothing predicted yet),
+  interleaved with the floor: p50 over the floor's;
 - ``fanout``: 10,000 waiters on 64 streams, each awaiting an event of its own, released at
   once (``benchmarks.wake``'s "own" fan-out), interleaved with the GPU floor: the median wall
-  over the floor's, and CPU per wait;
+  over the floor's, CPU per wait, and how soon after the release the first task woke;
 - ``loop_profile``: 64 tasks on 8 pooled streams launching 1 ms of work and waiting for it,
   over and over (``benchmarks.loop_profile``): waits per second and the loop thread's busy time
   per wait;
@@ -35,11 +37,12 @@ from pathlib import Path
 from typing import Any
 
 import aiogpu
+from aiogpu.testing import launch_spin
 
 from . import baselines, loop_profile, overlap, wake
 
-PARTS = ("lone", "fanout", "loop_profile", "overlap", "sustained")
-DEFAULT_PARTS = ("lone", "fanout", "loop_profile", "overlap")
+PARTS = ("lone", "first_wait", "fanout", "loop_profile", "overlap", "sustained")
+DEFAULT_PARTS = ("lone", "first_wait", "fanout", "loop_profile", "overlap")
 LONE_WORK = (200e-6, 5e-3)
 
 
@@ -80,22 +83,59 @@ def lone(device: aiogpu.Device, strategies: list[str], quick: bool) -> list[tupl
     return figures
 
 
+def first_waits(device: aiogpu.Device, strategies: list[str], quick: bool) -> list[tuple[str, str, float]]:
+    """Waits on 200 µs of work, each on a stream nothing has waited on yet (nothing predicted),
+    interleaved with the floor: p50 over the floor's."""
+    rounds, per_round, work = (2, 10, 200e-6) if quick else (3, 40, 200e-6)
+    makers = [("floor", baselines._aiogpu_event_waiter()(baselines._floor))]
+    makers += [(strategy, baselines._strategy(strategy)) for strategy in strategies]
+    samples: dict[str, list[float]] = {name: [] for name, _ in makers}
+
+    async def first_wait(make: baselines.Maker) -> float:
+        with aiogpu.Stream(device) as stream:
+            wait, close = make(stream)
+            try:
+                launch_spin(stream, work)
+                started = time.perf_counter()
+                await wait()
+                return time.perf_counter() - started
+            finally:
+                close()
+
+    async def measure(make: baselines.Maker) -> list[float]:
+        return [await first_wait(make) for _ in range(per_round)]
+
+    for _ in range(rounds):  # interleaved
+        for name, make in makers:
+            samples[name] += asyncio.run(measure(make))
+    floor = statistics.median(samples["floor"])
+    return [
+        (
+            f"first wait on a stream {work * 1e6:.0f} µs, {strategy}",
+            "p50 over floor µs",
+            (statistics.median(samples[strategy]) - floor) * 1e6,
+        )
+        for strategy in strategies
+    ]
+
+
 def fanout(device: aiogpu.Device, strategies: list[str], quick: bool) -> list[tuple[str, str, float]]:
     waiters = 1_000 if quick else 10_000
     names = [baselines.FANOUT_GPU_FLOOR, *(f"aiogpu {strategy}" for strategy in strategies)]
-    runs: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+    runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in names}
     for _ in range(1 if quick else 3):  # interleaved
         for name in names:
-            wall, cpu, _, _ = asyncio.run(wake.fanout_case(device, name, waiters, 64, True))
-            runs[name].append((wall, cpu))
-    floor = statistics.median(wall for wall, _ in runs[baselines.FANOUT_GPU_FLOOR])
+            wall, cpu, _, _, first = asyncio.run(wake.fanout_case(device, name, waiters, 64, True))
+            runs[name].append((wall, cpu, first))
+    floor = statistics.median(wall for wall, _, _ in runs[baselines.FANOUT_GPU_FLOOR])
     figures = []
     for strategy in strategies:
         measured = runs[f"aiogpu {strategy}"]
         workload = f"fan-out {waiters}x64 own events, {strategy}"
         figures += [
-            (workload, "wall / GPU floor", statistics.median(wall for wall, _ in measured) / floor),
-            (workload, "CPU µs/wait", statistics.median(cpu for _, cpu in measured) / waiters * 1e6),
+            (workload, "wall / GPU floor", statistics.median(wall for wall, _, _ in measured) / floor),
+            (workload, "CPU µs/wait", statistics.median(cpu for _, cpu, _ in measured) / waiters * 1e6),
+            (workload, "first wake ms", statistics.median(first for _, _, first in measured) * 1e3),
         ]
     return figures
 
@@ -150,7 +190,14 @@ def sustained(device: aiogpu.Device, strategies: list[str], quick: bool) -> list
     return figures
 
 
-MEASURE = {"lone": lone, "fanout": fanout, "loop_profile": saturation, "overlap": overlapping, "sustained": sustained}
+MEASURE = {
+    "lone": lone,
+    "first_wait": first_waits,
+    "fanout": fanout,
+    "loop_profile": saturation,
+    "overlap": overlapping,
+    "sustained": sustained,
+}
 
 
 def main(arguments: argparse.Namespace) -> dict[str, Any]:

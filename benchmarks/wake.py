@@ -487,9 +487,10 @@ async def latency_cases(device: aiogpu.Device, quick: bool, probe: InputProbe) -
 
 async def fanout_case(
     device: aiogpu.Device, name: str, waiters: int, nstreams: int, own_events: bool
-) -> tuple[float, float, float, int]:
+) -> tuple[float, float, float, int, float]:
     """Wall seconds and CPU seconds from releasing the latch until every waiter woke; seconds
-    to free the finished tasks after that; the number of events.
+    to free the finished tasks after that; the number of events; seconds from the release until
+    the first waiter woke (NaN for the GPU floor).
 
     The GPU work is the same either way: ``kernels`` spin kernels per stream. With shared
     events each kernel is followed by one event that several waiters await; with
@@ -525,7 +526,7 @@ async def fanout_case(
                 cpu = time.process_time()
                 started = time.perf_counter()
                 latch.release()
-                await wait_all()
+                first = await wait_all() - started
                 wall = time.perf_counter() - started
                 cpu = time.process_time() - cpu
                 # The clock stops when the last waiter woke. Freeing the finished tasks all at
@@ -538,7 +539,7 @@ async def fanout_case(
                 gc.enable()
             for event in flat:
                 event.close()
-            return wall, cpu, freeing, len(flat)
+            return wall, cpu, freeing, len(flat), first
     finally:
         for stream in streams:
             stream.synchronize()
@@ -556,7 +557,7 @@ async def fanout_cases(device: aiogpu.Device, quick: bool, loop: str) -> list[Fa
         for repeat in range(1 if quick else FANOUT_REPEATS):  # interleaved: drift hits every waiter alike
             for name in names:
                 probe = host_probe()
-                wall, cpu, freeing, events = await fanout_case(device, name, waiters, nstreams, own_events)
+                wall, cpu, freeing, events, _ = await fanout_case(device, name, waiters, nstreams, own_events)
                 runs[name].append((wall, cpu, freeing, probe))
                 print(
                     f"fan-out {loop:7} {waiters:6} waiters {nstreams:3} streams ({events:5} events)  {name:40}"

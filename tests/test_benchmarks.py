@@ -269,6 +269,8 @@ def test_the_goal_figures_run_on_the_simulated_device(tmp_path: Path) -> None:
             for metric in ("p50 over floor µs", "p99 over floor µs", "CPU share of floor"):
                 assert (f"lone wait {work} µs, {strategy}", metric) in figures
         assert figures[f"fan-out 1000x64 own events, {strategy}", "wall / GPU floor"] > 0
+        assert figures[f"fan-out 1000x64 own events, {strategy}", "first wake ms"] > 0
+        assert (f"first wait on a stream 200 µs, {strategy}", "p50 over floor µs") in figures
         assert figures[f"loop profile 16 tasks, {strategy}", "waits/s"] > 0
         assert figures[f"overlap, {strategy}", "speed-up"] > 0
         assert figures[f"sustained 1000x32, {strategy}", "wall / floor"] > 0
