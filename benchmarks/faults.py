@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import statistics
 import subprocess
@@ -42,14 +43,10 @@ CHILD_TIMEOUT = 120
 
 
 def _loops() -> list[str]:
-    loops = ["asyncio"]
-    for name in ("uvloop", "trio"):
-        try:
-            __import__(name)
-        except ImportError:
-            continue
-        loops.append(name)
-    return loops
+    """``benchmarks.wake``'s loops (asyncio, uvloop where installed), and trio where installed."""
+    from .wake import event_loops
+
+    return [name for name, _ in event_loops()] + (["trio"] if importlib.util.find_spec("trio") else [])
 
 
 def child(loop_name: str, strategy: str, tasks: int) -> dict[str, Any]:
@@ -106,6 +103,7 @@ def _await_fault(loop_name: str, strategy: str, tasks: int, event: Any, opened: 
 
     if loop_name == "trio":
         import trio
+        import trio.testing
 
         async def main_trio() -> tuple[float, float]:
             async with trio.open_nursery() as nursery:
@@ -114,8 +112,6 @@ def _await_fault(loop_name: str, strategy: str, tasks: int, event: Any, opened: 
                 await trio.testing.wait_all_tasks_blocked()
                 began = opened()
             return began
-
-        import trio.testing
 
         return trio.run(main_trio)
 

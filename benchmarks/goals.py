@@ -46,13 +46,19 @@ DEFAULT_PARTS = ("lone", "first_wait", "fanout", "loop_profile", "overlap")
 LONE_WORK = (200e-6, 5e-3)
 
 
+def _floor_and(strategies: list[str]) -> list[tuple[str, baselines.Maker]]:
+    """("floor", the floor's maker), then (strategy, its maker) for each strategy."""
+    return [("floor", baselines._aiogpu_event_waiter()(baselines._floor))] + [
+        (strategy, baselines._strategy(strategy)) for strategy in strategies
+    ]
+
+
 def lone(device: aiogpu.Device, strategies: list[str], quick: bool) -> list[tuple[str, str, float]]:
     figures = []
     rounds = 2 if quick else 3
     for work in LONE_WORK:
         per_round = (10 if work >= 1e-3 else 20) if quick else (50 if work >= 1e-3 else 100)
-        makers = [("floor", baselines._aiogpu_event_waiter()(baselines._floor))]
-        makers += [(strategy, baselines._strategy(strategy)) for strategy in strategies]
+        makers = _floor_and(strategies)
         cases: dict[str, tuple[Any, aiogpu.Stream, list[float], list[float]]] = {}
         closers = []
         try:
@@ -86,9 +92,9 @@ def lone(device: aiogpu.Device, strategies: list[str], quick: bool) -> list[tupl
 def first_waits(device: aiogpu.Device, strategies: list[str], quick: bool) -> list[tuple[str, str, float]]:
     """Waits on 200 µs of work, each on a stream nothing has waited on yet (nothing predicted),
     interleaved with the floor: p50 over the floor's."""
-    rounds, per_round, work = (2, 10, 200e-6) if quick else (3, 40, 200e-6)
-    makers = [("floor", baselines._aiogpu_event_waiter()(baselines._floor))]
-    makers += [(strategy, baselines._strategy(strategy)) for strategy in strategies]
+    rounds, per_round = (2, 10) if quick else (3, 40)
+    work = 200e-6
+    makers = _floor_and(strategies)
     samples: dict[str, list[float]] = {name: [] for name, _ in makers}
 
     async def first_wait(make: baselines.Maker) -> float:

@@ -833,6 +833,7 @@ def sustained_cases(device: aiogpu.Device, quick: bool, nstreams: int = SUSTAINE
     rows = []
     for (loop_name, name), measured in runs.items():
         walls = [wall * planned / completed for wall, _, completed in measured]  # the planned work at the pace it kept
+        resume = statistics.median(resuming[loop_name])
         rows.append(
             SustainedRow(
                 loop=loop_name,
@@ -848,10 +849,9 @@ def sustained_cases(device: aiogpu.Device, quick: bool, nstreams: int = SUSTAINE
                 waiting_cores=statistics.median((cpu - completed * launch_cpu) / wall for wall, cpu, completed in measured),
                 cpu_us_per_wait=statistics.median(cpu / completed for _, cpu, completed in measured) * 1e6,
                 waiting_cpu_us_per_wait=statistics.median(cpu / completed - launch_cpu for _, cpu, completed in measured) * 1e6,
-                resuming_cpu_us_per_wait=statistics.median(resuming[loop_name]) * 1e6,
+                resuming_cpu_us_per_wait=resume * 1e6,
                 engine_cores=statistics.median(
-                    (cpu - completed * (launch_cpu + statistics.median(resuming[loop_name]))) / wall
-                    for wall, cpu, completed in measured
+                    (cpu - completed * (launch_cpu + resume)) / wall for wall, cpu, completed in measured
                 ),
                 stopped_early=sum(completed < planned for _, _, completed in measured),
             )
