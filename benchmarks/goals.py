@@ -18,7 +18,9 @@ Parts (``--parts``; every one but ``sustained`` by default), each for the strate
 - ``overlap``: GPU jobs beside host chunks on one loop (``benchmarks.overlap``): the speed-up
   over running them one after the other, and the wall over the floor;
 - ``sustained``: ``benchmarks.wake``'s sustained load, shortened, on 32 streams (one per
-  hardware queue), on asyncio only: wall over its floor and the cores busy waiting.
+  hardware queue), on asyncio only: wall over its floor and the cores busy waiting. It asks the
+  driver for every hardware queue, in a process of its own beside other parts; the other parts
+  run with the driver's default, as most servers do.
 
 Writes ``goals.json`` (every figure as workload, metric, value) to ``--out`` and prints them.
 Without a GPU it runs on the simulated device and says so.
@@ -206,14 +208,26 @@ MEASURE = {
 }
 
 
+def _sustained_apart(arguments: argparse.Namespace) -> list[tuple[str, str, float]]:
+    """The sustained part's figures from a process of its own, which asks for every hardware queue."""
+    child = ["--parts", "sustained", "--strategies", *arguments.strategies, *(["--quick"] if arguments.quick else [])]
+    result, _ = wake.run_apart("benchmarks.goals", child, "goals.json")  # its figures are printed here
+    return [(figure["workload"], figure["metric"], figure["value"]) for figure in result["figures"]]
+
+
 def main(arguments: argparse.Namespace) -> dict[str, Any]:
-    device, simulated = wake.open_device()
+    # As in ``benchmarks.wake``: only the sustained part asks for every hardware queue.
+    alone = list(arguments.parts) == ["sustained"]
+    device, simulated = wake.open_device(every_queue=alone)
     environment = baselines.environment(device, simulated)
     where = "the simulated device" if simulated else device.name
     figures = []
     for part in arguments.parts:
         started = time.perf_counter()
-        measured = MEASURE[part](device, arguments.strategies, arguments.quick)
+        if part == "sustained" and not alone:
+            measured = _sustained_apart(arguments)
+        else:
+            measured = MEASURE[part](device, arguments.strategies, arguments.quick)
         for workload, metric, value in measured:
             print(f"{where}: {workload:42} {metric:22} {value:10.3f}", flush=True)
         print(f"{where}: {part} took {time.perf_counter() - started:.1f} s", flush=True)

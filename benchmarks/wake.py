@@ -74,6 +74,7 @@ import statistics
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -124,8 +125,9 @@ LATENCY_ROUNDS = 5
 #: its default is 8). Streams beyond them share a queue, where a kernel waiting for its own
 #: stream's previous one holds up every other stream's work behind it: past 32 streams, kernels
 #: launched in the order their waits complete, not round robin as the floors launch them, run
-#: far slower than the floors whatever the way of waiting. The benchmarks ask for every queue,
-#: unless the variable is set, as a server with many streams should.
+#: far slower than the floors whatever the way of waiting. The sustained load asks for every
+#: queue, unless the variable is set, as a server with many streams should; the other parts
+#: measure the driver's default, which most servers run with.
 HARDWARE_QUEUES = 32
 #: Sustained load: this many tasks (task i on stream i % ``SUSTAINED_STREAMS``), each awaiting an
 #: event of its own, in turn; every ``SUSTAINED_SHARE`` th task on a stream launches a kernel of
@@ -896,9 +898,12 @@ def sustained_goals(rows: list[SustainedRow]) -> list[dict[str, Any]]:
     return goals
 
 
-def open_device() -> tuple[aiogpu.Device, bool]:
-    """Device 0, or the simulated device where there is no GPU; with every hardware queue."""
-    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", str(HARDWARE_QUEUES))
+def open_device(every_queue: bool = False) -> tuple[aiogpu.Device, bool]:
+    """Device 0, or the simulated device where there is no GPU; with every hardware queue if
+    asked (unless the environment says how many), else with the driver's default, as most
+    servers run. The driver reads the setting once, when the process first uses the GPU."""
+    if every_queue:
+        os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", str(HARDWARE_QUEUES))
     try:
         return aiogpu.Device(0), False
     except aiogpu.CudaUnavailableError:
@@ -919,8 +924,33 @@ def event_loops() -> list[tuple[str, Callable[[Coroutine[Any, Any, Any]], Any]]]
 PARTS = ("latency", "fanout", "sustained")
 
 
+def run_apart(module: str, arguments: list[str], results: str) -> tuple[dict[str, Any], str]:
+    """Run ``module`` with ``arguments`` and ``--out TEMP`` in a child process on this process's
+    ``sys.path`` (the aiogpu under test); return the results file it writes there and its
+    output. For a part that asks for every hardware queue beside parts that measure the driver's
+    default. The child starts through ``benchmarks._child``, so the tunables a comparison or an
+    ablation changed (inherited in the environment) change there too.
+
+    Raises:
+        RuntimeError: the child failed (its output's end is in the message).
+    """
+    with tempfile.TemporaryDirectory() as folder:
+        environment = {**os.environ, "PYTHONPATH": os.pathsep.join(path or os.getcwd() for path in sys.path)}
+        command = [sys.executable, "-m", "benchmarks._child", module, *arguments, "--out", folder]
+        child = subprocess.run(command, env=environment, capture_output=True, text=True, check=False)
+        if child.returncode:
+            raise RuntimeError(
+                f"{module} {' '.join(arguments)} exited with {child.returncode}:\n{(child.stdout + child.stderr)[-3000:]}"
+            )
+        result: dict[str, Any] = json.loads((Path(folder) / results).read_text())
+        return result, child.stdout
+
+
 def main(out: Path, quick: bool, parts: tuple[str, ...] = PARTS, sustained_streams: int = SUSTAINED_STREAMS) -> None:
-    device, simulated = open_device()
+    # The sustained load asks for every hardware queue (``HARDWARE_QUEUES``), which would also
+    # shorten the fan-out's GPU floor below what waking its tasks takes: alone, it runs here;
+    # beside the other parts, in a process of its own.
+    device, simulated = open_device(every_queue=parts == ("sustained",))
     environment = baselines.environment(device, simulated)
     print(json.dumps(environment), flush=True)
 
@@ -943,8 +973,13 @@ def main(out: Path, quick: bool, parts: tuple[str, ...] = PARTS, sustained_strea
     if "fanout" in parts:
         fanout = [row for name, run in event_loops() for row in run(fanout_cases(device, quick, name))]
         result["fanout"] = [asdict(r) for r in fanout]
-    if "sustained" in parts:
+    if parts == ("sustained",):
         result["sustained"] = sustained_cases(device, quick, sustained_streams)
+    elif "sustained" in parts:
+        arguments = ["--parts", "sustained", "--sustained-streams", str(sustained_streams), *(["--quick"] if quick else [])]
+        apart, output = run_apart("benchmarks.wake", arguments, "wake.json")
+        print(output, end="", flush=True)
+        result["sustained"] = apart["sustained"]
     out.mkdir(parents=True, exist_ok=True)
     (out / "wake.json").write_text(json.dumps(result, indent=1))
     (out / "wake.md").write_text(report.markdown(result))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -106,6 +107,8 @@ def test_the_sustained_load_runs_every_way_of_waiting_against_its_floor(tmp_path
     result = json.loads((tmp_path / "wake.json").read_text())
     assert result["environment"]["simulated"] is True
     assert "latency" not in result and "fanout" not in result  # only the part asked for
+    # Alone, the sustained load asks for every hardware queue in its own process.
+    assert result["environment"]["cuda_device_max_connections"] == os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS", "32")
     sustained = result["sustained"]
     floor = sustained["floor"]
     assert floor["streams"] == 64 and floor["waiters"] >= 1_000 and floor["kernel_us"] >= 500
@@ -263,6 +266,9 @@ def test_the_goal_figures_run_on_the_simulated_device(tmp_path: Path) -> None:
     run = run_on_the_simulated_device("goals", tmp_path, 100, "--parts", *goals.PARTS, "--strategies", "auto", "poll")
     result = json.loads((tmp_path / "goals.json").read_text())
     assert result["environment"]["simulated"] is True
+    # The sustained part ran in a process of its own: the others kept the driver's queues.
+    default = os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS", "driver default")
+    assert result["environment"]["cuda_device_max_connections"] == default
     figures = {(row["workload"], row["metric"]): row["value"] for row in result["figures"]}
     for strategy in ("auto", "poll"):
         for work in (200, 5000):
