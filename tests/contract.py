@@ -334,6 +334,59 @@ class Contract:
                     second_latch.release()
             assert woke == ["earlier", "later"]
 
+    async def test_a_wait_recorded_behind_a_watched_one_is_not_asked_until_that_one_is_done(
+        self, device: aiogpu.Device, strategy: aiogpu.WaitStrategy, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # A stream completes in record order: while a wait for its earlier recording is pending
+        # and watched, a new wait for a later one is pending too, and a driver query for it at
+        # its start (a few µs on a busy GPU) would be wasted. Once the earlier work is done, both
+        # wake, in order. A later wait behind a head nobody waits for any more is asked at once.
+        asked: list[int] = []
+        query = device._driver.event_query
+
+        def noted(event: int) -> bool:
+            asked.append(event)
+            return query(event)
+
+        monkeypatch.setattr(device._driver, "event_query", noted)
+        with aiogpu.Stream(device) as stream, Latch(device) as latch:
+            latch.block(stream)
+            earlier = stream.record()
+            launch_spin(stream, 1e-5)
+            later = stream.record()
+            woke: list[str] = []
+
+            async def waiter(name: str, event: aiogpu.Event) -> None:
+                await event.wait(strategy=strategy)
+                woke.append(name)
+
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(waiter, "earlier", earlier)
+                    await anyio.wait_all_tasks_blocked()
+                    tg.start_soon(waiter, "later", later)
+                    await anyio.wait_all_tasks_blocked()
+                    assert later._handle not in asked
+                    assert earlier._handle in asked  # the check above could fail: queries are noted
+                    latch.release()
+            assert woke == ["earlier", "later"]
+
+            latch.block(stream)
+            head = stream.record()
+            behind = stream.record()
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as tg:  # the head's only waiter leaves
+                    tg.start_soon(partial(head.wait, strategy=strategy))
+                    await anyio.wait_all_tasks_blocked()
+                    tg.cancel_scope.cancel()
+                asked.clear()
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(waiter, "behind", behind)
+                    await anyio.wait_all_tasks_blocked()
+                    assert behind._handle in asked
+                    latch.release()
+            assert woke[-1] == "behind"
+
     async def test_pending_waits_hold_up_no_other_stream(
         self, device: aiogpu.Device, strategy: aiogpu.WaitStrategy, monkeypatch: pytest.MonkeyPatch
     ) -> None:

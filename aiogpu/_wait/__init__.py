@@ -109,10 +109,12 @@ async def wait(target: Recording, *, strategy: WaitStrategy | None = None) -> No
     target._check_recorded("await")
     watcher = current()
     entry = joinable(target, watcher)
+    # Recorded behind a wait this loop watches on the same stream: it is pending too.
+    behind = entry is None and watcher.follows_pending(target)
     if entry is None:  # nobody waits for this recording yet: is it done already?
         held = _holds.hold(target, watcher)  # by the entry from here on (``_entries.let_go``)
         try:
-            done = target._driver.event_query(target._handle)
+            done = not behind and target._driver.event_query(target._handle)
             if not done and mode not in OFF_LOOP and not watcher.running:  # short work, idle watcher
                 if await watcher.spin_ahead(target):
                     _holds.let_go(target, held)
@@ -139,7 +141,8 @@ async def wait(target: Recording, *, strategy: WaitStrategy | None = None) -> No
         entry.join(signal)
     try:
         if not driving:
-            watcher.poke()
+            if not behind:  # a wait behind a watched one changes no plan: no sweep for it
+                watcher.poke()
             await signal  # a park or the loop's future itself: no frame more on the wake-up
         else:  # nobody watches: this task does, so its own wake-up costs no hand-off
             await watcher.drive(signal)

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
     from ._backends import Backend, Waiters
     from ._entries import Entry
+    from ._recording import Recording
 
 _NOTHING, _HOME = _holds.NOTHING, _holds.HOME
 
@@ -63,6 +64,25 @@ class Sweep:
         """The recordings this loop's tasks are waiting for, oldest wait first."""
         waited = (entry for queue in self._queues.values() for entry in queue.entries if entry.waiters)
         return sorted(waited, key=lambda entry: entry.started)
+
+    def follows_pending(self, target: Recording) -> bool:
+        """Whether the target's stream has a wait queued here whose recording came before the
+        target's and that is watched (the queue's head, still waited for as recorded): the
+        target's work completes after it, and a sweep that finds it done asks about the waits
+        behind it at once. A new wait for the target then needs neither a query of its own (a
+        driver call of a few µs on a busy GPU, the largest cost of a wait under load) nor a
+        sweep: the watcher's plans, which are about heads only, stay as they are."""
+        queue = self._queues.get(target._stream_key)
+        if queue is None or not queue.entries:
+            return False
+        head = queue.entries[0]
+        recording = head.target
+        return (
+            bool(head.waiters)
+            and recording._generation == head.generation
+            and recording._stream_key == target._stream_key
+            and recording._record_sequence < target._record_sequence
+        )
 
     def enqueue(self, entry: Entry, now: float) -> None:
         """Queue ``entry`` in record order (waits may start in any order; streams complete in
