@@ -69,9 +69,9 @@ class Sweep:
         """Whether the target's stream has a wait queued here whose recording came before the
         target's and that is watched (the queue's head, still waited for as recorded): the
         target's work completes after it, and a sweep that finds it done asks about the waits
-        behind it at once. A new wait for the target then needs neither a query of its own (a
-        driver call of a few µs on a busy GPU, the largest cost of a wait under load) nor a
-        sweep: the watcher's plans, which are about heads only, stay as they are."""
+        behind it at once. A new wait for the target then needs neither a driver query of its
+        own nor a sweep: the watcher's plans, which are about heads only, stay as they are.
+        Under a steady load, with many tasks waiting on each busy stream, most waits start so."""
         queue = self._queues.get(target._stream_key)
         if queue is None or not queue.entries:
             return False
