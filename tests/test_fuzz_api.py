@@ -26,6 +26,7 @@ import math
 import operator
 import os
 import pickle
+import threading
 import weakref
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -1253,6 +1254,9 @@ def test_callback_helper_streams_do_not_outlive_their_driver() -> None:
                     latch.release()
 
     anyio.run(callback_wait, device)
+    armed = threading.Event()  # the armer files the helper stream after arming, maybe after the wake
+    _helpers._armer().submit(armed.set)
+    assert armed.wait(FINISH)
     assert _helpers.helper_streams(sim, device._context)  # the engine kept the helper stream for the next wait
     dead_id, alive = id(sim), weakref.ref(sim)
     del sim, device
