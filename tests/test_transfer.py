@@ -397,3 +397,44 @@ def test_one_pinned_pool_serves_loops_in_several_threads_at_once(sim: SimulatedD
         assert pool.idle_bytes <= 4096
         anyio.run(lambda: aiogpu.copy_to_device(SimulatedArray(sim, bytes(8)), bytes(8), after=device.default_stream, pool=pool))
     assert sim.statistics().live_host_buffers == 0
+
+
+def test_threads_asking_for_one_producers_side_stream_at_once_share_one(
+    sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two threads ask a pool for the same producer's side stream while the first is still
+    creating it (the driver call can block): the second waits for it, and no second stream is
+    made and left unclosed."""
+    device = sim.device(0)
+    entered = [threading.Event(), threading.Event()]
+    go_on = threading.Event()
+    create = sim.stream_create
+    made = 0
+
+    def slow_create(flags: int, priority: int) -> int:
+        nonlocal made
+        made += 1
+        entered[min(made, 2) - 1].set()
+        if made == 1:
+            assert go_on.wait(10)
+        return create(flags, priority)
+
+    with aiogpu.Stream(device) as producer, aiogpu.PinnedPool(device) as pool:
+        monkeypatch.setattr(sim, "stream_create", slow_create)
+        sides: list[aiogpu.Stream | None] = [None, None]
+
+        def ask(index: int) -> None:
+            sides[index] = pool.side_stream(producer)
+
+        threads = [threading.Thread(target=ask, args=(index,)) for index in range(2)]
+        threads[0].start()
+        assert entered[0].wait(10)
+        threads[1].start()
+        # The second thread waits on the pool's lock; without it, it would make a stream of its
+        # own at once: give it the chance before the first one goes on.
+        entered[1].wait(0.5)
+        go_on.set()
+        for thread in threads:
+            thread.join(10)
+        assert made == 1
+        assert sides[0] is not None and sides[0] is sides[1]
