@@ -72,15 +72,14 @@ class Sweep:
         behind it at once. A new wait for the target then needs neither a driver query of its
         own nor a sweep: the watcher's plans, which are about heads only, stay as they are.
         Under a steady load, with many tasks waiting on each busy stream, most waits start so."""
-        queue = self._queues.get(target._stream_key)
-        if queue is None or not queue.entries:
+        queue = self._queues.get(target._stream_key)  # (a pending queue is never empty)
+        if queue is None:
             return False
         head = queue.entries[0]
-        recording = head.target
+        recording = head.target  # still recorded as queued, so on the target's stream
         return (
             bool(head.waiters)
             and recording._generation == head.generation
-            and recording._stream_key == target._stream_key
             and recording._record_sequence < target._record_sequence
         )
 
