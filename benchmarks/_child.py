@@ -116,6 +116,13 @@ def run(
     return result
 
 
+def patches_started_with() -> list[Any]:
+    """The changes this process was started with by ``run`` (as ``run`` takes them: encoded),
+    for a child of its own to make too."""
+    patches: list[Any] = json.loads(os.environ.get(_PATCHES_VARIABLE, "[]"))
+    return patches
+
+
 def owners(name: str, attribute: str) -> list[Any]:
     """The modules that hold the tunable ``attribute``: ``name`` and each of its ``FALLBACKS``
     that can be imported and has it."""

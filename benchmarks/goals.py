@@ -211,7 +211,7 @@ MEASURE = {
 def _sustained_apart(arguments: argparse.Namespace) -> list[tuple[str, str, float]]:
     """The sustained part's figures from a process of its own, which asks for every hardware queue."""
     child = ["--parts", "sustained", "--strategies", *arguments.strategies, *(["--quick"] if arguments.quick else [])]
-    result, _ = wake.run_apart("benchmarks.goals", child, "goals.json")  # its figures are printed here
+    result, _ = wake.run_apart("goals", child)  # its figures are printed here
     return [(figure["workload"], figure["metric"], figure["value"]) for figure in result["figures"]]
 
 

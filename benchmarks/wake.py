@@ -83,7 +83,7 @@ from typing import TYPE_CHECKING, Any
 import aiogpu
 from aiogpu.testing import Latch, SimulatedDriver, launch_spin
 
-from . import baselines, report
+from . import _child, baselines, report
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Coroutine, Iterator
@@ -924,26 +924,22 @@ def event_loops() -> list[tuple[str, Callable[[Coroutine[Any, Any, Any]], Any]]]
 PARTS = ("latency", "fanout", "sustained")
 
 
-def run_apart(module: str, arguments: list[str], results: str) -> tuple[dict[str, Any], str]:
-    """Run ``module`` with ``arguments`` and ``--out TEMP`` in a child process on this process's
-    ``sys.path`` (the aiogpu under test); return the results file it writes there and its
-    output. For a part that asks for every hardware queue beside parts that measure the driver's
-    default. The child starts through ``benchmarks._child``, so the tunables a comparison or an
-    ablation changed (inherited in the environment) change there too.
+def run_apart(bench: str, arguments: list[str]) -> tuple[dict[str, Any], str]:
+    """Run ``benchmarks.BENCH`` with ``arguments`` in a child process (``_child.run``) on the
+    aiogpu and the benchmarks this process runs, with the tunables a comparison or an ablation
+    changed here changed there too; return its results and its output. For a part that asks for
+    every hardware queue beside parts that measure the driver's default.
 
     Raises:
         RuntimeError: the child failed (its output's end is in the message).
     """
+    aiogpu_tree = Path(aiogpu.__file__).resolve().parent.parent
     with tempfile.TemporaryDirectory() as folder:
-        environment = {**os.environ, "PYTHONPATH": os.pathsep.join(path or os.getcwd() for path in sys.path)}
-        command = [sys.executable, "-m", "benchmarks._child", module, *arguments, "--out", folder]
-        child = subprocess.run(command, env=environment, capture_output=True, text=True, check=False)
-        if child.returncode:
-            raise RuntimeError(
-                f"{module} {' '.join(arguments)} exited with {child.returncode}:\n{(child.stdout + child.stderr)[-3000:]}"
-            )
-        result: dict[str, Any] = json.loads((Path(folder) / results).read_text())
-        return result, child.stdout
+        out = Path(folder)
+        result = _child.run(
+            bench, aiogpu_tree, Path(__file__).resolve().parent.parent, out, arguments, _child.patches_started_with()
+        )
+        return result, (out / "stdout.txt").read_text()
 
 
 def main(out: Path, quick: bool, parts: tuple[str, ...] = PARTS, sustained_streams: int = SUSTAINED_STREAMS) -> None:
@@ -977,7 +973,7 @@ def main(out: Path, quick: bool, parts: tuple[str, ...] = PARTS, sustained_strea
         result["sustained"] = sustained_cases(device, quick, sustained_streams)
     elif "sustained" in parts:
         arguments = ["--parts", "sustained", "--sustained-streams", str(sustained_streams), *(["--quick"] if quick else [])]
-        apart, output = run_apart("benchmarks.wake", arguments, "wake.json")
+        apart, output = run_apart("wake", arguments)
         print(output, end="", flush=True)
         result["sustained"] = apart["sustained"]
     out.mkdir(parents=True, exist_ok=True)
