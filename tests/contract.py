@@ -339,8 +339,8 @@ class Contract:
     ) -> None:
         # A stream completes in record order: while a wait for its earlier recording is pending
         # and watched, a new wait for a later one is pending too, and a driver query for it at
-        # its start would be wasted. Once the earlier work is done, both
-        # wake, in order. A later wait behind a head nobody waits for any more is asked at once.
+        # its start would be wasted. Once the earlier work is done, both wake, in order. A later
+        # wait behind a head nobody waits for any more is asked at once.
         asked: list[int] = []
         query = device._driver.event_query
 

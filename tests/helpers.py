@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from aiogpu._wait import _thread
+from aiogpu._wait import _helpers, _thread
 from aiogpu.testing import SimulatedDriver
 
 
@@ -114,3 +114,11 @@ def running_server(command: list[str]) -> Iterator[str]:
     finally:
         process.terminate()
         process.communicate(timeout=30)
+
+
+def armer_caught_up(timeout: float = 20.0) -> None:
+    """Block until the armer thread (``callback`` waits) has run everything queued before this
+    call (FIFO): it files a helper stream after arming, which can be after the wait woke."""
+    done = threading.Event()
+    _helpers._armer().submit(done.set)
+    assert done.wait(timeout)

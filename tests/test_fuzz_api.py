@@ -26,7 +26,6 @@ import math
 import operator
 import os
 import pickle
-import threading
 import weakref
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -43,6 +42,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invar
 import aiogpu
 from aiogpu._wait import _helpers, _thread
 from aiogpu.testing import Latch, SimulatedDriver
+from tests.helpers import armer_caught_up
 
 #: What aiogpu documents raising for bad input: argument mistakes, and its own errors.
 DOCUMENTED = (TypeError, ValueError, aiogpu.AiogpuError)
@@ -1254,9 +1254,7 @@ def test_callback_helper_streams_do_not_outlive_their_driver() -> None:
                     latch.release()
 
     anyio.run(callback_wait, device)
-    armed = threading.Event()  # the armer files the helper stream after arming, maybe after the wake
-    _helpers._armer().submit(armed.set)
-    assert armed.wait(FINISH)
+    armer_caught_up(FINISH)
     assert _helpers.helper_streams(sim, device._context)  # the engine kept the helper stream for the next wait
     dead_id, alive = id(sim), weakref.ref(sim)
     del sim, device

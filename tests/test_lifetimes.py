@@ -15,7 +15,7 @@ import pytest
 import aiogpu
 from aiogpu._wait import _helpers
 from aiogpu.testing import Latch, SimulatedDriver
-from tests.helpers import settle_waiter_threads
+from tests.helpers import armer_caught_up, settle_waiter_threads
 
 pytestmark = pytest.mark.anyio
 TIMEOUT = 20.0
@@ -181,12 +181,3 @@ async def test_a_burst_of_callback_waits_leaves_a_bounded_pool_of_helper_streams
     assert len(pool) <= _helpers.KEEP_IDLE_HELPERS, (peak, len(pool))
     for stream in streams:
         stream.close()
-
-
-def armer_caught_up() -> None:
-    """Block until the armer thread has run everything queued before this call (FIFO)."""
-    import threading
-
-    done = threading.Event()
-    _helpers._armer().submit(done.set)
-    assert done.wait(TIMEOUT)
