@@ -149,11 +149,33 @@ async def test_an_idle_loop_is_not_kept_awake_by_the_look(
     assert max(runs.values()) <= FEW, max(runs.values())
 
 
+class _Clock:
+    """The wall and loop-thread CPU clocks ``_busy`` reads, moved only by the test: a real
+    clock would let a collection or page fault between two idle iterations read as loop work."""
+
+    def __init__(self) -> None:
+        self.wall = self.cpu = 1.0
+
+    def perf_counter(self) -> float:
+        return self.wall
+
+    def thread_time(self) -> float:
+        return self.cpu
+
+    def run_python(self, seconds: float) -> None:
+        self.wall += seconds
+        self.cpu += seconds
+
+
 class _LoopOfLooks:
     """A backend stand-in: each iteration of its loop runs the look queued during the one before,
     and ``busy`` seconds of other work first, as long as the loop has some."""
 
-    def __init__(self) -> None:
+    #: what an iteration with nothing to do costs the loop itself
+    IDLE_ITERATION = 2e-6
+
+    def __init__(self, clock: _Clock) -> None:
+        self.clock = clock
         self.queued: list[Callable[[], object]] = []
 
     def look_each_iteration(self, callback: Callable[[], object]) -> bool:
@@ -166,22 +188,31 @@ class _LoopOfLooks:
         for _ in range(iterations):
             if not self.queued:
                 break
-            busy_step(busy, [])
+            self.clock.run_python(busy or self.IDLE_ITERATION)
             self.queued.pop(0)()
             ran += 1
         return ran
 
 
-def test_a_look_that_takes_long_does_not_keep_an_idle_loop_looking() -> None:
+def test_a_look_that_takes_long_does_not_keep_an_idle_loop_looking(monkeypatch: pytest.MonkeyPatch) -> None:
     # A look's own time must not count as the loop's work: a slow one (many parked streams)
     # would otherwise make every later iteration of an idle loop look busy, and look again.
+    clock = _Clock()
+    monkeypatch.setattr(_busy, "time", clock)
+    looked = 0
+
     def slow_look() -> bool:
-        busy_step(4 * _policy.BUSY_MIN_ITERATION, [])
+        nonlocal looked
+        looked += 1
+        clock.run_python(4 * _policy.BUSY_MIN_ITERATION)
         return False  # nothing parked is done
 
-    loop = _LoopOfLooks()
+    loop = _LoopOfLooks(clock)
     look = _busy.BusyLook(loop, slow_look)  # type: ignore[arg-type]
     look.busy = True
     look.park(lambda: True)
     assert loop.run(2, busy=2 * _policy.BUSY_LOOK) == 2  # busy: the second iteration looks
-    assert loop.run(50) <= 1  # idle from here: the next iteration stops the chain
+    assert looked == 2
+    assert loop.run(50) == 1  # idle from here: the next iteration stops the chain
+    assert looked == 2
+    assert not loop.queued
