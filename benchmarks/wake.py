@@ -46,9 +46,9 @@ turn, no task at all: the kernels back to back on every stream at once, as the G
 and CPU as cores busy (process CPU time over wall), in all and less the launches' and
 recordings' own CPU (measured in the floor run): what the way of waiting costs, and less also
 the loop's own cost of resuming the tasks from plain futures (``task_wakes``): what the engine
-costs. On asyncio and uvloop, for every strategy, ``thread`` on blocking-sync events and
-``asyncio.to_thread(event.synchronize)``, ``SUSTAINED_REPEATS``
-times interleaved; a way that falls behind stops starting new turns at ``SUSTAINED_CAP`` times
+costs. On asyncio and uvloop, for every strategy, ``thread`` on blocking-sync events,
+``asyncio.to_thread(event.synchronize)`` and a reference that is no way to wait, the least CPU a
+waiter on asyncio spends here (``least_waiter``), ``SUSTAINED_REPEATS`` times interleaved; a way that falls behind stops starting new turns at ``SUSTAINED_CAP`` times
 the floor's wall and its wall is scaled to the work it did. The goals (``SUSTAINED_GOALS``) are
 printed as met or not met.
 
@@ -83,7 +83,7 @@ from typing import TYPE_CHECKING, Any
 import aiogpu
 from aiogpu.testing import Latch, SimulatedDriver, launch_spin
 
-from . import _child, baselines, report
+from . import _child, baselines, least_waiter, report
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Coroutine, Iterator
@@ -147,6 +147,8 @@ SUSTAINED_REPEATS = 2
 #: wall is then scaled to the work it did): a slow baseline must not take minutes.
 SUSTAINED_CAP = 2.0
 SUSTAINED_FLOOR = "floor: a plain loop synchronizing each event in turn, no task"
+#: Not a way to wait: the least CPU a waiter on asyncio spends here (``least_waiter``).
+SUSTAINED_REFERENCE = "reference: least waiter (plain futures)"
 SUSTAINED_WAYS = (
     "aiogpu auto",
     "aiogpu poll",
@@ -154,6 +156,7 @@ SUSTAINED_WAYS = (
     "aiogpu callback",
     baselines.THREAD_BLOCKING_SYNC,
     "to_thread(aiogpu Event.synchronize)",
+    SUSTAINED_REFERENCE,
 )
 #: (goal, the ways it is about (the best of them counts), at most this wall over the floor, at
 #: most this many cores busy waiting: process CPU over wall, less the launches' and recordings'
@@ -706,11 +709,13 @@ async def sustained_run(
     if name.startswith("aiogpu "):
         strategy: Any = name.removeprefix("aiogpu ").split(",")[0]
 
-        def wait(event: aiogpu.Event) -> Awaitable[None]:
+        def wait(stream: aiogpu.Stream, event: aiogpu.Event) -> Awaitable[None]:
             return event.wait(strategy=strategy)
+    elif name == SUSTAINED_REFERENCE:
+        wait = least_waiter.LeastWaiter(loop).wait
     else:
 
-        def wait(event: aiogpu.Event) -> Awaitable[None]:
+        def wait(stream: aiogpu.Stream, event: aiogpu.Event) -> Awaitable[None]:
             return asyncio.to_thread(event.synchronize)
 
     async def waiter(stream: aiogpu.Stream, event: aiogpu.Event, launches: bool) -> None:
@@ -723,7 +728,7 @@ async def sustained_run(
                 if launches:
                     launch_spin(stream, kernel)
                 event.record(stream)
-                await wait(event)
+                await wait(stream, event)
                 completed += 1
         except Exception as exc:
             if not done.done():

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks import _child, _metrics, ablation, baselines, compare, faults, goals, wake
+from benchmarks import _child, _metrics, ablation, baselines, compare, faults, goals, least_waiter, wake
 from tests.conftest import gpu_unavailable_reason
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -205,6 +205,49 @@ async def test_the_task_floors_free_each_future_as_its_task_ends(floor: str) -> 
     await wait_all()
     assert all(task.done() for task in tasks)
     assert [future() for future in futures] == [None] * 24  # while wait_all and the tasks live on
+
+
+class _HeldEvent:
+    """An event whose work is done once the test says so (``is_done``, asked and counted)."""
+
+    def __init__(self) -> None:
+        self.done = False
+        self.asked = 0
+
+    @property
+    def is_done(self) -> bool:
+        self.asked += 1
+        return self.done
+
+
+@pytest.mark.asyncio
+async def test_the_least_waiter_completes_each_streams_waits_in_order_and_sleeps_between() -> None:
+    waiter = least_waiter.LeastWaiter(asyncio.get_running_loop())
+    streams = [object(), object()]
+    events = [[_HeldEvent() for _ in range(3)] for _ in streams]
+    futures = [[waiter.wait(stream, event) for event in row] for stream, row in zip(streams, events, strict=True)]  # type: ignore[arg-type]
+    await asyncio.sleep(0.001)
+    assert not any(future.done() for row in futures for future in row)
+    assert all(row[0].asked and row[1].asked == row[2].asked == 0 for row in events)  # each stream's oldest only
+    for event in events[0][:2]:
+        event.done = True
+    await asyncio.sleep(0.001)
+    assert [future.done() for future in futures[0]] == [True, True, False]
+    assert not any(future.done() for future in futures[1])
+    # The second stream completes twice, 20 ms apart: its next wait is not asked until most of
+    # that time has passed after the last completion (the loop sleeps on a timer meanwhile).
+    events[1][0].done = True
+    await asyncio.sleep(0.02)
+    events[0][2].done = events[1][1].done = events[1][2].done = True
+    await asyncio.sleep(0.001)
+    assert all(future.done() for row in futures for future in row)
+    later = _HeldEvent()
+    future = waiter.wait(streams[1], later)  # type: ignore[arg-type]
+    await asyncio.sleep(0.005)
+    assert later.asked == 0
+    later.done = True
+    await asyncio.wait_for(future, 1)
+    assert later.asked
 
 
 def floor_p50(result: dict[str, Any], work_us: float) -> float:
