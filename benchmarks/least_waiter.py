@@ -24,8 +24,8 @@ if TYPE_CHECKING:
 
     import aiogpu
 
-#: A stream's oldest wait is asked from this share of the time between the stream's last two
-#: completions after its last one (an estimate that runs short asks once more, never too late).
+#: After a completion on a stream, its oldest wait is asked again once this share of the time
+#: between its completions has passed: a little early, so that steady work is seen on time.
 DUE_SHARE = 0.8
 #: Each estimate moves this share of the way to the latest time between completions.
 ALPHA = 0.2
@@ -33,7 +33,7 @@ ALPHA = 0.2
 SOON = 200e-6
 
 
-class _Stream:
+class _StreamWaits:
     __slots__ = ("due", "interval", "last_done", "waits")
 
     def __init__(self) -> None:
@@ -48,17 +48,16 @@ class LeastWaiter:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._streams: dict[aiogpu.Stream, _Stream] = {}  # every stream waited on, and what it learned
-        self._pending: dict[aiogpu.Stream, _Stream] = {}  # those with waits
+        self._streams: dict[aiogpu.Stream, _StreamWaits] = {}  # every stream waited on, and what it learned
+        self._pending: dict[aiogpu.Stream, _StreamWaits] = {}  # those with waits
         self._scheduled = False
-        self.queries = 0
 
     def wait(self, stream: aiogpu.Stream, event: aiogpu.Event) -> asyncio.Future[None]:
         """A future that is done once ``event``, last recorded on ``stream``, is."""
         future = self._loop.create_future()
         queue = self._pending.get(stream)
         if queue is None:
-            queue = self._pending[stream] = self._streams.setdefault(stream, _Stream())
+            queue = self._pending[stream] = self._streams.setdefault(stream, _StreamWaits())
         queue.waits.append((event, future))
         if not self._scheduled:
             self._scheduled = True
@@ -75,7 +74,6 @@ class LeastWaiter:
                 continue
             waits, completed = queue.waits, False
             while waits:
-                self.queries += 1
                 if not waits[0][0].is_done:
                     break
                 waits.popleft()[1].set_result(None)

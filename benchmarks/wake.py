@@ -48,8 +48,9 @@ recordings' own CPU (measured in the floor run): what the way of waiting costs, 
 the loop's own cost of resuming the tasks from plain futures (``task_wakes``): what the engine
 costs. On asyncio and uvloop, for every strategy, ``thread`` on blocking-sync events,
 ``asyncio.to_thread(event.synchronize)`` and a reference that is no way to wait, the least CPU a
-waiter on asyncio spends here (``least_waiter``), ``SUSTAINED_REPEATS`` times interleaved; a way that falls behind stops starting new turns at ``SUSTAINED_CAP`` times
-the floor's wall and its wall is scaled to the work it did. The goals (``SUSTAINED_GOALS``) are
+waiter on asyncio spends here (``least_waiter``), ``SUSTAINED_REPEATS`` times interleaved; a
+way that falls behind stops starting new turns at ``SUSTAINED_CAP`` times the floor's wall and
+its wall is scaled to the work it did. The goals (``SUSTAINED_GOALS``) are
 printed as met or not met.
 
 Writes ``wake.json``, ``wake.md`` and ``wake.png`` (latency overhead against CPU per wait, one
