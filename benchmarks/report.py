@@ -133,7 +133,7 @@ def _sustained_markdown(sustained: dict[str, Any]) -> list[str]:
         lines.append(
             f"- {goal['goal']} ≤ {goal['max_ratio']:.2f}x the floor at ≤ {goal['max_cores']:.2f} waiting cores, {goal['loop']}:"
             f" {goal['strategy']} {goal['ratio']:.3f}x at {goal['waiting_cores']:.2f} cores ({goal['cores']:.2f} in all):"
-            f" **{'met' if goal['met'] else 'not met'}**"
+            f" **{'met' if goal['met'] else 'not met'}**{least_waiter_note(goal)}"
         )
     return lines
 
@@ -233,3 +233,9 @@ def _sustained_panel(axis: Any, sustained: dict[str, Any], markers: str) -> None
     )
     axis.grid(True, which="both", alpha=0.3)
     axis.legend(fontsize=6, loc="upper left")
+
+
+def least_waiter_note(goal: dict[str, Any]) -> str:
+    """What the least waiter spent beside a goal's way of waiting (``""`` if it did not run)."""
+    least = goal.get("least_waiter_cores")
+    return "" if least is None else f" (the least waiter: {least:.2f} cores)"

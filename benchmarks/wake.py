@@ -868,7 +868,8 @@ def sustained_cases(device: aiogpu.Device, quick: bool, nstreams: int = SUSTAINE
     for goal in goals:
         print(
             f"goal: {goal['goal']} <= {goal['max_ratio']:.2f}x the floor at <= {goal['max_cores']:.2f} cores, {goal['loop']}:"
-            f" {goal['strategy']} {goal['ratio']:.2f}x at {goal['waiting_cores']:.2f} cores: {'met' if goal['met'] else 'not met'}",
+            f" {goal['strategy']} {goal['ratio']:.2f}x at {goal['waiting_cores']:.2f} cores: {'met' if goal['met'] else 'not met'}"
+            f"{report.least_waiter_note(goal)}",
             flush=True,
         )
     return {"floor": asdict(floor), "rows": [asdict(row) for row in rows], "goals": goals}
@@ -876,8 +877,9 @@ def sustained_cases(device: aiogpu.Device, quick: bool, nstreams: int = SUSTAINE
 
 def sustained_goals(rows: list[SustainedRow]) -> list[dict[str, Any]]:
     """Each goal on each loop, judged on the best of the ways it is about (met before not met,
-    then the lower wall)."""
+    then the lower wall), with the least waiter's waiting cores on that loop beside it."""
     goals = []
+    least = {row.loop: row.waiting_cores for row in rows if row.strategy == SUSTAINED_REFERENCE}
     for goal, ways, max_ratio, max_cores in SUSTAINED_GOALS:
         for loop_name in dict.fromkeys(row.loop for row in rows):
             mine = [row for row in rows if row.loop == loop_name and row.strategy in ways]
@@ -899,6 +901,7 @@ def sustained_goals(rows: list[SustainedRow]) -> list[dict[str, Any]]:
                     "waiting_cores": best.waiting_cores,
                     "cores": best.cores,
                     "met": met(best),
+                    "least_waiter_cores": least.get(loop_name),
                 }
             )
     return goals

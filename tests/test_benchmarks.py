@@ -138,7 +138,13 @@ def test_the_sustained_load_runs_every_way_of_waiting_against_its_floor(tmp_path
     for (name, _), goal in goals.items():
         assert goal["strategy"] in {g: ways for g, ways, *_ in wake.SUSTAINED_GOALS}[name]
         assert goal["met"] == (goal["ratio"] <= goal["max_ratio"] and goal["waiting_cores"] <= goal["max_cores"])
+        # Beside it, what the least waiter spent on the same loop.
+        (least,) = (
+            row for row in sustained["rows"] if row["loop"] == goal["loop"] and row["strategy"] == wake.SUSTAINED_REFERENCE
+        )
+        assert goal["least_waiter_cores"] == least["waiting_cores"]
     assert run.stdout.count("goal: ") == len(goals)
+    assert run.stdout.count("(the least waiter: ") == len(goals)
     assert run.stdout.count("sustained ") == 1 + len(sustained["rows"])  # a progress line per run
     markdown = (tmp_path / "wake.md").read_text()
     assert "Sustained load: 1,000 tasks on 64 streams" in markdown
