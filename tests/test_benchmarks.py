@@ -240,10 +240,10 @@ async def test_the_least_waiter_completes_each_streams_waits_in_order_and_sleeps
     await asyncio.sleep(0.001)
     assert [future.done() for future in futures[0]] == [True, True, False]
     assert not any(future.done() for future in futures[1])
-    # The second stream completes twice, 20 ms apart: its next wait is not asked until most of
+    # The second stream completes twice, 50 ms apart: its next wait is not asked until most of
     # that time has passed after the last completion (the loop sleeps on a timer meanwhile).
     events[1][0].done = True
-    await asyncio.sleep(0.02)
+    await asyncio.sleep(0.05)
     events[0][2].done = events[1][1].done = events[1][2].done = True
     await asyncio.sleep(0.001)
     assert all(future.done() for row in futures for future in row)
