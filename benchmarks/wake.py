@@ -50,8 +50,8 @@ costs. On asyncio and uvloop, for every strategy, ``thread`` on blocking-sync ev
 ``asyncio.to_thread(event.synchronize)`` and a reference that is no way to wait, the least CPU a
 waiter on asyncio spends here (``least_waiter``), ``SUSTAINED_REPEATS`` times interleaved; a
 way that falls behind stops starting new turns at ``SUSTAINED_CAP`` times the floor's wall and
-its wall is scaled to the work it did. The goals (``SUSTAINED_GOALS``) are
-printed as met or not met.
+its wall is scaled to the work it did. The goals (``SUSTAINED_GOALS``) are printed as met or
+not met, each with the least waiter's cores beside it.
 
 Writes ``wake.json``, ``wake.md`` and ``wake.png`` (latency overhead against CPU per wait, one
 point per strategy and workload, and the sustained load's wall against cores) to ``--out`` and
