@@ -112,6 +112,70 @@ def test_the_per_request_server_predicts_with_either_way_of_lending_streams(lend
         assert "tokens must be 1 to 1024 ints" in str(error)
 
 
+@pytest.mark.anyio
+async def test_the_per_request_server_counts_requests_in_flight(monkeypatch: pytest.MonkeyPatch) -> None:
+    import anyio
+
+    monkeypatch.syspath_prepend(str(SERVING))
+    import per_request_server  # examples/serving/per_request_server.py
+
+    service = per_request_server.Service("aiogpu", "pool")  # no GPU here: the simulated device
+    try:
+        assert service.in_flight == 0
+        outputs = await service.predict([1, 2, 3])
+        assert len(outputs) == 16
+        assert service.in_flight == 0
+        with pytest.raises(ValueError, match="tokens must be"):
+            await service.predict([])
+        assert service.in_flight == 0  # refused before it was counted
+        monkeypatch.setattr(per_request_server, "SIMULATED_SECONDS", 3600.0)  # GPU work that outlives the test
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                for _ in range(3):
+                    tg.start_soon(service.predict, [4, 5, 6])
+                await anyio.wait_all_tasks_blocked()
+                assert service.in_flight == 3
+                assert service.pool.in_use == 3
+                tg.cancel_scope.cancel()  # as if their clients had gone and the server let them go
+        assert service.in_flight == 0
+        assert service.pool.in_use == 0
+    finally:
+        service.pool.close()
+
+
+def test_the_wrk_load_test_waits_for_the_warm_ups_requests(monkeypatch: pytest.MonkeyPatch) -> None:
+    import http.server
+    import json
+    import threading
+
+    monkeypatch.syspath_prepend(str(SERVING))
+    import loadtest_wrk  # examples/serving/loadtest_wrk.py
+
+    answers = [2, 1, 0]  # in_flight, as /health reports it poll after poll
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps({"status": "ok", "in_flight": answers.pop(0) if len(answers) > 1 else answers[0]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health) as health:
+        threading.Thread(target=health.serve_forever, daemon=True).start()
+        try:
+            loadtest_wrk.wait_until_drained(health.server_address[1])
+            assert answers == [0]  # it asked until the count reached 0
+            answers[0] = 5
+            with pytest.raises(RuntimeError, match="still had 5 requests in flight"):
+                loadtest_wrk.wait_until_drained(health.server_address[1], timeout=0.2)
+        finally:
+            health.shutdown()
+
+
 WRK_OUTPUT = """Running 8s test @ http://127.0.0.1:8000/predict
   2 threads and 64 connections
   Thread Stats   Avg      Stdev     Max   +/- Stdev

@@ -1,7 +1,11 @@
 """Load ``per_request_server.py`` with ``wrk`` at saturation, every way of waiting, repeated.
 
 For each repeat and mode (the order rotated from repeat to repeat) it starts the server, warms it
-up, then runs ``wrk -c CONNECTIONS -d SECONDS --latency`` posting 512 tokens a request. It
+up with a first ``wrk`` run, waits until the server has answered every request that run left
+behind, then runs ``wrk -c CONNECTIONS -d SECONDS --latency`` posting 512 tokens a request. (``wrk``
+drops its connections when its time is up, with up to one request each still being served; a
+measured run started at once would queue its first requests behind them, and on a saturated
+server those few dominate the p99.) It
 reports requests/s, latency p50 / p99 / max, requests that hit wrk's 2 s timeout, non-2xx
 answers and the server's CPU (cores busy), prints a line per run and writes ``--out`` (JSON).
 
@@ -11,6 +15,7 @@ Run:  python examples/serving/loadtest_wrk.py [--wrk path/to/wrk] [--lend pool|q
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import random
 import re
@@ -54,6 +59,23 @@ def parse_wrk(output: str) -> dict[str, float]:
     }
 
 
+def wait_until_drained(port: int, timeout: float = 60.0) -> None:
+    """Return once the server's ``/health`` says no request is in flight (``in_flight`` 0)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        try:
+            connection.request("GET", "/health")
+            in_flight = json.loads(connection.getresponse().read())["in_flight"]
+        finally:
+            connection.close()
+        if in_flight == 0:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the server still had {in_flight} requests in flight {timeout:g} s after the warm-up")
+        time.sleep(0.05)
+
+
 def run_once(arguments: argparse.Namespace, mode: str, script: Path) -> dict[str, object]:
     port = free_port()
     command = [sys.executable, str(HERE / "per_request_server.py"), "--mode", mode, "--lend", arguments.lend, "--port", str(port)]
@@ -65,6 +87,7 @@ def run_once(arguments: argparse.Namespace, mode: str, script: Path) -> dict[str
         taskset = ["taskset", "-c", arguments.client_cpus] if arguments.client_cpus else []
         wrk = [*taskset, arguments.wrk, "-t2", f"-c{arguments.connections}", "-s", str(script), "--latency"]
         subprocess.run([*wrk, f"-d{arguments.warmup}s", url], capture_output=True, check=True)
+        wait_until_drained(port)
         cpu_before, started = cpu_seconds(server.pid), time.monotonic()
         result = subprocess.run([*wrk, f"-d{arguments.seconds}s", url], capture_output=True, text=True, check=True)
         cpu = (cpu_seconds(server.pid) - cpu_before) / (time.monotonic() - started)

@@ -1,6 +1,7 @@
 """A per-request inference server on FastAPI + uvicorn: no batching, one stream per request.
 
-POST /predict {"tokens": [ints]} -> {"outputs": [16 floats]}; GET /health. Each request borrows
+POST /predict {"tokens": [ints]} -> {"outputs": [16 floats]}; GET /health (with ``in_flight``,
+the requests being served, those whose client left included). Each request borrows
 a stream, enqueues its own forward pass (a 24-layer bf16 MLP over 1,024 tokens, random weights),
 records an event and waits for it: the simplest GPU service there is. Without a GPU a CPU
 stand-in runs on aiogpu's simulated device.
@@ -67,6 +68,7 @@ class Service:
             self._network = _Network(device)
             self.where = f"GPU {device.ordinal}: {device.name}"
         self.pool = aiogpu.StreamPool([device], streams_per_device=STREAMS)
+        self.in_flight = 0  # requests validated and not yet answered (a client that left still counts)
         self._queue: asyncio.Queue[aiogpu.Stream] | None = None
         if lend == "queue":
             self._queue = asyncio.Queue()
@@ -76,14 +78,18 @@ class Service:
     async def predict(self, tokens: list[int]) -> list[float]:
         if not tokens or len(tokens) > TOKENS or not all(isinstance(t, int) and 0 <= t < VOCABULARY for t in tokens):
             raise ValueError(f"tokens must be 1 to {TOKENS} ints in [0, {VOCABULARY})")
-        if self._queue is None:
-            async with self.pool.stream() as stream:
-                return await self._run(stream, tokens)
-        stream = await self._queue.get()
+        self.in_flight += 1
         try:
-            return await self._run(stream, tokens)
+            if self._queue is None:
+                async with self.pool.stream() as stream:
+                    return await self._run(stream, tokens)
+            stream = await self._queue.get()
+            try:
+                return await self._run(stream, tokens)
+            finally:
+                self._queue.put_nowait(stream)
         finally:
-            self._queue.put_nowait(stream)
+            self.in_flight -= 1
 
     async def _run(self, stream: aiogpu.Stream, tokens: list[int]) -> list[float]:
         if self._network is None:
@@ -157,8 +163,8 @@ def create_app(mode: str, lend: str) -> FastAPI:
             raise HTTPException(status_code=422, detail=str(error)) from None
 
     @app.get("/health")
-    async def health() -> dict[str, str]:
-        return {"status": "ok", "mode": mode}
+    async def health() -> dict[str, object]:
+        return {"status": "ok", "mode": mode, "in_flight": service.in_flight}
 
     return app
 
