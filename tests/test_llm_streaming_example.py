@@ -118,6 +118,55 @@ def test_bad_requests_are_refused_with_the_reason(engine_module: ModuleType) -> 
         engine.close()
 
 
+def test_the_floors_time_a_step_on_its_own(engine_module: ModuleType) -> None:
+    engine = engine_module.Engine("aiogpu", small_shape(engine_module))
+    try:
+        floors = engine.measure_floors(20)
+        # On the simulated device a step is SIMULATED_STEP_SECONDS of GPU time (on a GPU, the model's).
+        assert floors["gpu_step_s"] > 0
+        assert floors["pipeline_step_s"] >= floors["gpu_step_s"] * 0.95  # one step in flight: never faster
+        if "simulated" in engine.where:
+            assert floors["gpu_step_s"] == pytest.approx(engine_module.SIMULATED_STEP_SECONDS, rel=0.05)
+        with pytest.raises(ValueError, match="steps must be a positive int, got 0"):
+            engine.measure_floors(0)
+    finally:
+        engine.close()
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(60)
+async def test_the_floors_refuse_a_busy_engine(engine_module: ModuleType) -> None:
+    engine = engine_module.Engine("aiogpu", small_shape(engine_module))
+    try:
+        request = engine.submit([1, 2, 3], 4096)
+        with pytest.raises(RuntimeError, match="measure_floors needs an idle engine"):
+            engine.measure_floors(5)
+        engine.cancel(request)
+        await asyncio.wait_for(engine.wait_idle(), 30)
+    finally:
+        engine.close()
+
+
+def test_a_goal_the_floor_puts_out_of_reach_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(STREAMING))
+    import loadtest  # examples/llm_streaming/loadtest.py
+
+    figures = {
+        ("aiogpu", "capacity"): 1000.0,
+        ("to_thread", "capacity"): 950.0,  # a floor of 1045 tokens/s allows aiogpu at most 1.1x this
+        ("blocking", "capacity"): 600.0,  # and at most 1.74x this
+    }
+
+    def median(mode: str, phase: str, metric: str) -> float:
+        return figures.get((mode, phase), 1.0) if metric == "tokens_per_second" else 1.0
+
+    rows = loadtest.goals(median, {"gpu_tokens_per_second": 1045.0})
+    assert rows[2] == "| tokens/s at capacity, aiogpu / to_thread >= 1.15 | 1.05 | 1.10 | no: out of reach |"
+    assert rows[3] == "| tokens/s at capacity, aiogpu / blocking >= 1.5 | 1.67 | 1.74 | yes |"
+    assert rows[6] == "| at 80 %: aiogpu /health p99 <= 5 ms | 1.00 |  | yes |"
+    assert loadtest.goals(median, None)[2] == "| tokens/s at capacity, aiogpu / to_thread >= 1.15 | 1.05 |  | no |"
+
+
 @pytest.fixture(scope="module")
 def server_url() -> Iterator[str]:
     shape = ["--slots", "8", "--window", "16", "--hidden", "256", "--layers", "2", "--heads", "4"]
@@ -229,7 +278,11 @@ def test_the_load_test_reports_every_mode(tmp_path: Path) -> None:
     command += ["--slots", "8", "--window", "16", "--hidden", "256", "--layers", "2", "--heads", "4", "--out", str(out)]
     result = subprocess.run(command, env=ENVIRONMENT, capture_output=True, text=True, timeout=280, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
-    rows = json.loads(out.with_suffix(".json").read_text())["rows"]
+    measured = json.loads(out.with_suffix(".json").read_text())
+    floors, rows = measured["floors"], measured["rows"]
+    assert floors["slots"] == 8
+    assert floors["gpu_tokens_per_second"] == pytest.approx(8 / floors["gpu_step_s"])
+    assert floors["pipeline_step_s"] >= floors["gpu_step_s"] > 0
     assert {(row["mode"], row["phase"]) for row in rows} == {
         (mode, phase) for mode in ("aiogpu", "to_thread", "blocking") for phase in ("capacity", "50%", "80%")
     }
@@ -239,5 +292,6 @@ def test_the_load_test_reports_every_mode(tmp_path: Path) -> None:
         assert row["ttft_p99_ms"] >= row["ttft_p50_ms"] > 0, row
         assert row["cpu_cores"] > 0, row
     summary = out.with_suffix(".md").read_text()
-    assert "| goal | measured | met |" in summary
+    assert "| goal | measured | the most the GPU's floor allows | met |" in summary
+    assert f"({floors['gpu_tokens_per_second']:.0f} tokens/s)" in summary
     assert out.with_suffix(".png").stat().st_size > 10_000

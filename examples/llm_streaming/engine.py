@@ -26,12 +26,16 @@ waiting decides (``mode``):
 ``aiogpu-callback``  ``await event.wait(strategy="callback")``: the GPU rings a doorbell.
 ``to_thread``        ``await asyncio.to_thread(event.synchronize)``: a thread hand-off per step.
 ``blocking``         ``event.synchronize()`` on the loop: nothing else runs until the step ends.
+
+``Engine.measure_floors`` times the least a step can take, to read the load test's tokens/s
+against (``python engine.py --floors`` prints them as JSON).
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -147,6 +151,45 @@ class Engine:
     async def wait_idle(self) -> None:
         """Return once no request holds a slot or waits for one."""
         await self._idle.wait()
+
+    def measure_floors(self, steps: int = 200) -> dict[str, float]:
+        """Seconds a step takes with every slot busy and no client at all (blocks the thread):
+
+        ``gpu_step_s``
+            the GPU's own time, with ``steps`` steps enqueued back to back: no way of waiting,
+            and no server, can step faster;
+        ``pipeline_step_s``
+            one step in flight as the scheduler runs them, the host spinning in
+            ``synchronize()`` for each and doing the scheduler's own work between them (reading
+            the tokens, advancing the contexts, launching the next): the least any way of
+            waiting can take per step in this server.
+
+        Call it on an engine that serves nothing: it uses the slots' buffers.
+        """
+        if not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"steps must be a positive int, got {steps!r}")
+        if self.slots_in_use or self._waiting:
+            raise RuntimeError("measure_floors needs an idle engine: it uses every slot")
+        every = [True] * self.shape.slots
+        slots = list(range(self.shape.slots))
+        self._model.launch(every)  # warm-up: the first step pays for lazy set-up
+        self.stream.synchronize()
+        device = self.stream.device
+        with aiogpu.Event(device, timing=True) as start, aiogpu.Event(device, timing=True) as end:
+            self.stream.record(start)
+            for _ in range(steps):
+                self._model.launch(every)
+            self.stream.record(end)
+            end.synchronize()
+            gpu_step = start.elapsed_time(end) / 1e3 / steps
+        began = time.perf_counter()
+        for _ in range(steps):
+            read_tokens = self._model.launch(every)
+            self.stream.record(self._done)
+            self._done.synchronize()
+            self._model.advance(slots, read_tokens())
+        pipeline_step = (time.perf_counter() - began) / steps
+        return {"gpu_step_s": gpu_step, "pipeline_step_s": pipeline_step}
 
     def close(self) -> None:
         if self._scheduler is not None:
@@ -348,3 +391,23 @@ class _Llama(_Model):
             self._tokens.copy_(self._next, non_blocking=True)
         tokens = self._tokens
         return lambda: tokens.tolist()
+
+
+if __name__ == "__main__":
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description="Print the engine's floors (Engine.measure_floors) as JSON.")
+    parser.add_argument("--floors", action="store_true", required=True)
+    parser.add_argument("--steps", type=int, default=200)
+    defaults = ModelShape()
+    for name in ("slots", "window", "hidden", "layers", "heads"):
+        parser.add_argument(f"--{name}", type=int, default=getattr(defaults, name), help="model shape (ModelShape)")
+    options = parser.parse_args()
+    shape = ModelShape(options.slots, options.window, options.hidden, options.layers, options.heads)
+    engine = Engine("blocking", shape)
+    try:
+        floors = engine.measure_floors(options.steps)
+    finally:
+        engine.close()
+    print(json.dumps({"served_by": engine.where, "slots": shape.slots, **floors}))
