@@ -8,13 +8,14 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import weakref
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from benchmarks import _child, _metrics, ablation, baselines, compare, faults, goals, least_waiter, wake
+from benchmarks import _child, _metrics, ablation, baselines, compare, faults, goals, handoff, least_waiter, wake
 from tests.conftest import gpu_unavailable_reason
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -277,6 +278,27 @@ def test_the_host_cost_profile_runs_on_the_simulated_device_and_labels_it(tmp_pa
     ]  # no driver or torch rows: there is no driver to time
     assert all(row["group"] == "aiogpu" and row["us"] > 0 for row in result["costs"])
     assert run.stdout.count("SIMULATED aiogpu") == len(calls)
+
+
+def test_the_handoff_benchmark_times_each_loop_from_the_moment_of_the_handoff() -> None:
+    # Handed straight back on the handing thread: the latency counts from the hand-off, not
+    # from when the trial began, ASLEEP_AFTER earlier.
+    done = threading.Event()
+    trial = handoff._Trial(lambda arrive: arrive(), done.set)
+    assert done.wait(10)
+    assert 0 <= trial.latency() < handoff.ASLEEP_AFTER
+    assert trial.handed > 0
+
+    rows = handoff.measure(20)
+    assert [row["way"] for row in rows] == [
+        "thread to a blocked thread (threading.Event)",
+        "thread to asyncio (call_soon_threadsafe)",
+        "thread to uvloop (call_soon_threadsafe)",
+        "thread to trio (TrioToken.run_sync_soon)",
+    ]
+    for row in rows:
+        assert row["handoffs"] == 20
+        assert 0 < row["p50_us"] <= row["p99_us"], row
 
 
 @pytest.mark.timeout(120)
