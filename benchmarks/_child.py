@@ -37,6 +37,9 @@ RESULTS = {
     "goals": "goals.json",
 }
 _PATCHES_VARIABLE = "AIOGPU_BENCH_PATCHES"
+#: A patch whose module is this sets an environment variable of the child instead, before the
+#: child imports aiogpu (which reads some settings from the environment).
+ENVIRON = "environ"
 
 
 def parse_runner(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -143,10 +146,16 @@ def owners(name: str, attribute: str) -> list[Any]:
 
 def _apply(patches: list[tuple[str, str, Any]]) -> list[dict[str, Any]]:
     """Set each ``module.attribute`` in every module of ``owners`` (a module that imported a
-    tunable by name keeps a binding of its own: both must change). Raises ``LookupError``
-    naming the modules tried where none has it."""
+    tunable by name keeps a binding of its own: both must change), or, for ``ENVIRON``, the
+    environment variable. Raises ``LookupError`` naming the modules tried where none has it."""
     applied = []
     for name, attribute, value in patches:
+        if name == ENVIRON:
+            applied.append(
+                {"module": ENVIRON, "attribute": attribute, "was": repr(os.environ.get(attribute)), "now": repr(value)}
+            )
+            os.environ[attribute] = str(value)
+            continue
         found = owners(name, attribute)
         if not found:
             raise LookupError(f"no tunable {attribute} in {' or '.join((name, *FALLBACKS.get(name, ())))}")

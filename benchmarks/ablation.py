@@ -77,6 +77,11 @@ HEURISTICS: dict[str, list[tuple[str, str, Any]]] = {
     # Up to KEEP_IDLE_QUEUES idle streams keep their queue, and with it their predictor, for the
     # next wait. Zero: a stream forgets what it learned whenever it has nothing pending.
     "idle queues kept": [(_POLICY, "KEEP_IDLE_QUEUES", 0)],
+    # On asyncio's own loops aiogpu reads asyncio's internals (parks that resume their task in
+    # the wake-up's own callback, the busy-loop look, the loop's timers kept on time): the one
+    # dependence on what CPython does not promise, kept only if it pays. AIOGPU_PUBLIC_ASYNCIO=1:
+    # asyncio's public API alone, as on a loop whose internals fail the check.
+    "asyncio internals": [(_child.ENVIRON, "AIOGPU_PUBLIC_ASYNCIO", "1")],
 }
 ALL_ON = "all on"
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from aiogpu._wait import _backends
 from benchmarks import _child, _metrics, ablation, baselines, compare, faults, goals, handoff, least_waiter, wake
 from tests.conftest import gpu_unavailable_reason
 
@@ -428,6 +429,10 @@ def test_every_heuristic_is_switched_off_by_tunables_the_engine_has() -> None:
     # Where the engine moves or renames a tunable, the ablation must be told: this fails first.
     for name, changes in ablation.HEURISTICS.items():
         for module, attribute, off in changes:
+            if module == _child.ENVIRON:  # a setting aiogpu reads from the environment
+                assert attribute == _backends.PUBLIC_ASYNCIO_VARIABLE, name
+                assert os.environ.get(attribute, "") in ("", "0") and off not in ("", "0"), name
+                continue
             (owner, *_) = _child.owners(module, attribute) or pytest.fail(f"{name}: no {attribute} in {module} or its fallbacks")
             current = getattr(owner, attribute)
             if isinstance(current, dict):  # one value per strategy: the same strategies
@@ -435,6 +440,14 @@ def test_every_heuristic_is_switched_off_by_tunables_the_engine_has() -> None:
             else:
                 assert isinstance(current, (int, float)) and isinstance(off, type(current)), (name, attribute, current, off)
                 assert off != current, name
+
+
+def test_a_child_sets_an_environment_patch_before_it_imports_aiogpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AIOGPU_BENCH_TEST_SETTING", raising=False)
+    applied = _child._apply([(_child.ENVIRON, "AIOGPU_BENCH_TEST_SETTING", "1")])
+    assert os.environ["AIOGPU_BENCH_TEST_SETTING"] == "1"
+    assert applied == [{"module": "environ", "attribute": "AIOGPU_BENCH_TEST_SETTING", "was": "None", "now": "'1'"}]
+    monkeypatch.delenv("AIOGPU_BENCH_TEST_SETTING")
 
 
 def test_the_ablation_judges_only_where_chance_alone_would_seldom_flag() -> None:
