@@ -163,6 +163,10 @@ def latency_waiters(device: aiogpu.Device) -> list[tuple[str, Maker]]:
     ]
     waiters += [(f"aiogpu {strategy}", _strategy(strategy)) for strategy in get_args(aiogpu.WaitStrategy)]
     waiters.append((THREAD_BLOCKING_SYNC, _aiogpu_event_waiter(blocking_sync=True)(lambda event: event.wait(strategy="thread"))))
+    if not simulated:  # what the second way of launching a host function would change for ``callback``
+        from . import host_functions
+
+        waiters += host_functions.waiters()
     return [(name, make) for name, make in waiters if make is not None]
 
 

@@ -3,20 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import json
 import os
 import shutil
 import subprocess
 import sys
 import threading
+import time
 import weakref
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import aiogpu
 from aiogpu._wait import _backends
-from benchmarks import _child, _metrics, ablation, baselines, compare, faults, goals, handoff, least_waiter, wake
+from aiogpu.testing import SimulatedDriver
+from benchmarks import _child, _metrics, ablation, baselines, compare, faults, goals, handoff, host_functions, least_waiter, wake
 from tests.conftest import gpu_unavailable_reason
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -279,6 +283,61 @@ def test_the_host_cost_profile_runs_on_the_simulated_device_and_labels_it(tmp_pa
     ]  # no driver or torch rows: there is no driver to time
     assert all(row["group"] == "aiogpu" and row["us"] > 0 for row in result["costs"])
     assert run.stdout.count("SIMULATED aiogpu") == len(calls)
+
+
+def _host_functions_run_by_a_timer(calls: list[tuple[int, int | None]], result: int = 0) -> Any:
+    """A stand-in for ``host_functions.launcher``: each launch runs the C host function itself,
+    10 ms later on another thread, as the driver's host-task thread would once the work is done."""
+
+    def launcher(sync_mode: int | None) -> Any:
+        def launch(stream: int, function: int, argument: int) -> int:
+            calls.append((stream, sync_mode))
+            if result == 0:
+                host_function = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(function)
+                threading.Timer(0.01, host_function, args=(argument,)).start()
+            return result
+
+        return launch
+
+    return launcher
+
+
+@pytest.mark.asyncio
+async def test_a_host_function_waiter_wakes_its_task_once_the_function_has_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[int, int | None]] = []
+    monkeypatch.setattr(host_functions, "launcher", _host_functions_run_by_a_timer(calls))
+    make = host_functions.host_function_waiter("spin", host_functions.CU_HOST_TASK_SPINWAIT)
+    assert make is not None
+    with aiogpu.Stream(SimulatedDriver().device(0)) as stream:
+        wait, close = make(stream)
+        try:
+            for _ in range(3):
+                started = time.perf_counter()
+                await asyncio.wait_for(wait(), 10)
+                assert time.perf_counter() - started >= 0.009  # woken by the function, not before
+        finally:
+            close()
+    assert calls == [(stream.handle, host_functions.CU_HOST_TASK_SPINWAIT)] * 3
+
+
+@pytest.mark.asyncio
+async def test_a_host_function_that_fails_to_launch_raises_with_its_result(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(host_functions, "launcher", _host_functions_run_by_a_timer([], result=801))
+    make = host_functions.host_function_waiter("v1", None)
+    assert make is not None
+    with aiogpu.Stream(SimulatedDriver().device(0)) as stream:
+        wait, close = make(stream)
+        try:
+            with pytest.raises(RuntimeError, match="v1: the launch failed with CUresult 801"):
+                await wait()
+        finally:
+            close()
+
+
+def test_only_the_host_function_launches_the_driver_has_become_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    first_way_only = _host_functions_run_by_a_timer([])
+    monkeypatch.setattr(host_functions, "launcher", lambda mode: first_way_only(mode) if mode is None else None)
+    assert [name for name, _ in host_functions.waiters()] == ["host function (cuLaunchHostFunc) -> thread -> loop"]
 
 
 def test_the_handoff_benchmark_times_each_loop_from_the_moment_of_the_handoff() -> None:
