@@ -4,9 +4,8 @@ A way of waiting that leaves the loop asleep while the GPU works (``thread``, ``
 ``to_thread``) ends with a thread telling the loop, which sleeps in ``select`` until then, to
 resume the task. No such way wakes a task sooner after the work completes than that hand-off
 takes, however fast it sees the completion. This times the hand-off alone, no GPU involved: a
-thread waits (spinning, so its own wake-up costs nothing) until a moment well after the loop
-fell asleep, notes the time and hands a callback to the loop; latency is the time until the
-callback runs on the loop. On asyncio and uvloop (``call_soon_threadsafe``) and trio
+thread sleeps until well after the loop fell asleep, notes the time and hands a callback to the
+loop; latency is the time until the callback runs on the loop. On asyncio and uvloop (``call_soon_threadsafe``) and trio
 (``TrioToken.run_sync_soon``), beside the operating system's own floor: a thread that sets a
 ``threading.Event`` that another thread is blocked on.
 
@@ -39,14 +38,8 @@ HANDOFFS = 2000
 ASLEEP_AFTER = 500e-6
 
 
-def _spin_until(deadline: float) -> float:
-    while (now := time.perf_counter()) < deadline:
-        pass
-    return now
-
-
 class _Trial:
-    """One hand-off: a thread that, ``ASLEEP_AFTER`` from now, notes the time and calls
+    """One hand-off: a thread that, ``ASLEEP_AFTER`` from now or a little later, notes the time and calls
     ``hand_off(arrive)``; ``arrive``, run by the receiving side, notes when it ran and calls
     ``done``."""
 
@@ -55,10 +48,12 @@ class _Trial:
     def __init__(self, hand_off: Callable[[Callable[[], None]], object], done: Callable[[], object]) -> None:
         self.handed = self.received = 0.0
         self._done = done
-        deadline = time.perf_counter() + ASLEEP_AFTER
 
         def fire() -> None:
-            self.handed = _spin_until(deadline)
+            # Asleep meanwhile, not spinning: a spinning thread would hold the GIL, and the loop
+            # would be waiting for it rather than asleep in ``select``.
+            time.sleep(ASLEEP_AFTER)
+            self.handed = time.perf_counter()
             hand_off(self.arrive)
 
         self.thread = threading.Thread(target=fire, daemon=True)
