@@ -119,26 +119,37 @@ async def test_the_per_request_server_counts_requests_in_flight(monkeypatch: pyt
     monkeypatch.syspath_prepend(str(SERVING))
     import per_request_server  # examples/serving/per_request_server.py
 
-    service = per_request_server.Service("aiogpu", "pool")  # no GPU here: the simulated device
+    service = per_request_server.Service("aiogpu", "pool")  # the GPU, or the simulated device
     try:
-        assert service.in_flight == 0
-        outputs = await service.predict([1, 2, 3])
-        assert len(outputs) == 16
+        assert len(await service.predict([1, 2, 3])) == 16
         assert service.in_flight == 0
         with pytest.raises(ValueError, match="tokens must be"):
             await service.predict([])
         assert service.in_flight == 0  # refused before it was counted
-        monkeypatch.setattr(per_request_server, "SIMULATED_SECONDS", 3600.0)  # GPU work that outlives the test
+
+        gate = anyio.Event()
+
+        async def held(stream: object, tokens: list[int]) -> list[float]:  # GPU work the test ends
+            await gate.wait()
+            return [0.0] * 16
+
+        monkeypatch.setattr(service, "_run", held)
         with anyio.fail_after(10):
-            async with anyio.create_task_group() as tg:
+            async with anyio.create_task_group() as tg:  # answered
+                for _ in range(3):
+                    tg.start_soon(service.predict, [4, 5, 6])
+                await anyio.wait_all_tasks_blocked()
+                assert (service.in_flight, service.pool.in_use) == (3, 3)
+                gate.set()
+            assert (service.in_flight, service.pool.in_use) == (0, 0)
+            gate = anyio.Event()
+            async with anyio.create_task_group() as tg:  # let go, as when their clients leave
                 for _ in range(3):
                     tg.start_soon(service.predict, [4, 5, 6])
                 await anyio.wait_all_tasks_blocked()
                 assert service.in_flight == 3
-                assert service.pool.in_use == 3
-                tg.cancel_scope.cancel()  # as if their clients had gone and the server let them go
-        assert service.in_flight == 0
-        assert service.pool.in_use == 0
+                tg.cancel_scope.cancel()
+            assert (service.in_flight, service.pool.in_use) == (0, 0)
     finally:
         service.pool.close()
 
