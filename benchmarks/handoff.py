@@ -112,15 +112,11 @@ def thread_latencies(handoffs: int) -> list[float]:
     latencies = []
     for _ in range(handoffs):
         blocked = threading.Event()
-        trial = _Trial(lambda arrive: blocked.set(), _nothing)  # noqa: B023 (joined before the next)
+        trial = _Trial(lambda arrive: blocked.set(), lambda: None)  # noqa: B023 (joined before the next)
         blocked.wait()
         trial.arrive()
         latencies.append(trial.latency())
     return latencies
-
-
-def _nothing() -> None:
-    return None
 
 
 def ways(handoffs: int) -> dict[str, Callable[[], list[float]]]:
@@ -155,6 +151,8 @@ def measure(handoffs: int) -> list[dict[str, Any]]:
 def main(out: Path, quick: bool) -> None:
     device, simulated = open_device()  # not used: it names the machine the figures come from
     environment = baselines.environment(device, simulated)
+    if simulated:  # no GPU here: the figures are still this machine's own, none of them simulated
+        environment.update(device="no GPU", simulated=False)
     print(json.dumps(environment), flush=True)
     handoffs = HANDOFFS // 20 if quick else HANDOFFS
     rows = measure(handoffs)

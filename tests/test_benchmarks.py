@@ -501,12 +501,14 @@ def test_every_heuristic_is_switched_off_by_tunables_the_engine_has() -> None:
                 assert off != current, name
 
 
-def test_a_child_sets_an_environment_patch_before_it_imports_aiogpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("AIOGPU_BENCH_TEST_SETTING", raising=False)
-    applied = _child._apply([(_child.ENVIRON, "AIOGPU_BENCH_TEST_SETTING", "1")])
-    assert os.environ["AIOGPU_BENCH_TEST_SETTING"] == "1"
+def test_a_child_sets_an_environment_patch_before_it_imports_aiogpu() -> None:
+    assert "AIOGPU_BENCH_TEST_SETTING" not in os.environ
+    try:
+        applied = _child._apply([(_child.ENVIRON, "AIOGPU_BENCH_TEST_SETTING", "1")])
+        assert os.environ["AIOGPU_BENCH_TEST_SETTING"] == "1"
+    finally:
+        os.environ.pop("AIOGPU_BENCH_TEST_SETTING", None)
     assert applied == [{"module": "environ", "attribute": "AIOGPU_BENCH_TEST_SETTING", "was": "None", "now": "'1'"}]
-    monkeypatch.delenv("AIOGPU_BENCH_TEST_SETTING")
 
 
 def test_the_ablation_judges_only_where_chance_alone_would_seldom_flag() -> None:
