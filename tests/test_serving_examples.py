@@ -6,6 +6,7 @@ the FastAPI one in all three modes.
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 from contextlib import AbstractContextManager
@@ -94,7 +95,7 @@ async def test_health_fails_while_a_gpu_wait_is_stuck(monkeypatch: pytest.Monkey
                 latch.release()
         assert model.health() == (True, {"status": "ok", "mode": "aiogpu", "batches": 0})
         stuck.close()
-    model.streams.close()
+    model.close()
 
 
 @pytest.mark.slow
@@ -151,7 +152,10 @@ async def test_the_per_request_server_counts_requests_in_flight(monkeypatch: pyt
                 tg.cancel_scope.cancel()
             assert (service.in_flight, service.pool.in_use) == (0, 0)
     finally:
-        service.pool.close()
+        service.close()
+    monkeypatch.undo()
+    del service, held
+    gc.collect()  # on the GPU torch frees the network's buffers here, after their streams closed
 
 
 def test_the_wrk_load_test_waits_for_the_warm_ups_requests(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -46,7 +46,7 @@ def create_app(mode: str) -> web.Application:
         print(f"serving on {model.where}, waiting with {mode}", flush=True)
 
     async def close(app: web.Application) -> None:
-        model.streams.close()
+        model.close()
 
     app.on_startup.append(announce)
     app.on_cleanup.append(close)

@@ -39,7 +39,7 @@ def create_app(mode: str) -> FastAPI:
         freeze_startup_objects()
         print(f"serving on {model.where}, waiting with {mode}", flush=True)
         yield
-        model.streams.close()
+        model.close()
 
     app = FastAPI(lifespan=lifespan)
 

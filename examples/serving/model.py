@@ -97,6 +97,14 @@ class Model:
             self._batcher = asyncio.create_task(self._batch_forever())
         return await request.answer
 
+    def close(self) -> None:
+        """Free the graphs' buffers, then the streams. The order matters: torch's pinned-memory
+        allocator records an event on every stream a buffer was used on when it frees the buffer,
+        and on a destroyed stream that crashes the process."""
+        self._graph_of.clear()
+        self._graphs.clear()
+        self.streams.close()
+
     def health(self) -> tuple[bool, dict[str, object]]:
         """Whether the server is healthy, and the ``/health`` body: unhealthy while a GPU wait
         has been pending longer than ``HUNG_AFTER`` seconds (work that will never finish)."""

@@ -75,6 +75,18 @@ class Service:
             for _ in range(STREAMS):
                 self._queue.put_nowait(aiogpu.Stream(device))
 
+    def close(self) -> None:
+        """Free the network's buffers, then the streams. The order matters: torch's pinned-memory
+        allocator records an event on every stream a buffer was used on when it frees the buffer,
+        and on a destroyed stream that crashes the process (at whatever garbage collection frees
+        the buffer)."""
+        if self._network is not None:
+            self._network.close()
+        if self._queue is not None:
+            while not self._queue.empty():
+                self._queue.get_nowait().close()
+        self.pool.close()
+
     async def predict(self, tokens: list[int]) -> list[float]:
         if not tokens or len(tokens) > TOKENS or not all(isinstance(t, int) and 0 <= t < VOCABULARY for t in tokens):
             raise ValueError(f"tokens must be 1 to {TOKENS} ints in [0, {VOCABULARY})")
@@ -141,6 +153,9 @@ class _Network:
             output.copy_(result, non_blocking=True)
         return lambda: output.float().tolist()
 
+    def close(self) -> None:
+        self._outputs.clear()  # freed while their streams exist (Service.close)
+
 
 def create_app(mode: str, lend: str) -> FastAPI:
     service = Service(mode, lend)
@@ -151,7 +166,7 @@ def create_app(mode: str, lend: str) -> FastAPI:
         gc.freeze()  # torch and the framework live as long as the server: keep full collections off them
         print(f"serving on {service.where}, waiting with {mode}, streams lent by {lend}", flush=True)
         yield
-        service.pool.close()
+        service.close()
 
     app = FastAPI(lifespan=lifespan)
 
