@@ -257,6 +257,21 @@ async def test_health_answers_while_every_slot_streams(server_url: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+def test_the_servers_own_counters_give_its_rates(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(STREAMING))
+    import loadtest  # examples/llm_streaming/loadtest.py
+
+    before = {"steps": 100, "tokens": 6_000, "uptime_s": 10.0}
+    after = {"steps": 600, "tokens": 30_000, "uptime_s": 12.5}
+    assert loadtest.server_side(before, after) == {
+        "server_tokens_per_second": 9_600.0,
+        "steps_per_second": 200.0,
+        "slots_busy": 48.0,
+    }
+    idle = loadtest.server_side(before, {**before, "uptime_s": 11.0})
+    assert idle == {"server_tokens_per_second": 0.0, "steps_per_second": 0.0, "slots_busy": 0.0}
+
+
 def test_the_load_test_reports_every_mode(tmp_path: Path) -> None:
     out = tmp_path / "llm"
     command = [sys.executable, str(STREAMING / "loadtest.py"), "--modes", "aiogpu", "to_thread", "blocking"]
@@ -291,7 +306,11 @@ def test_the_load_test_reports_every_mode(tmp_path: Path) -> None:
         assert row["tokens_per_second"] > 0, row
         assert row["ttft_p99_ms"] >= row["ttft_p50_ms"] > 0, row
         assert row["cpu_cores"] > 0, row
+        assert 0 < row["slots_busy"] <= 8, row
+        assert row["server_tokens_per_second"] == pytest.approx(row["steps_per_second"] * row["slots_busy"], rel=1e-6)
+        assert 0.5 < row["server_tokens_per_second"] / row["tokens_per_second"] < 2, row  # the same tokens, both ends
     summary = out.with_suffix(".md").read_text()
+    assert "| phase | mode | server tokens/s | steps/s | slots busy | GPU stepping |" in summary
     assert "| goal | measured | the most the GPU's floor allows | met |" in summary
     assert f"({floors['gpu_tokens_per_second']:.0f} tokens/s)" in summary
     assert out.with_suffix(".png").stat().st_size > 10_000

@@ -10,7 +10,9 @@ from another, so the clients' work counts in none of the server's figures.
 
 Per mode and phase: output tokens/s, time to first token and inter-token latency (p50, p99),
 ``/health`` p99, the server's CPU (cores busy, all its threads) and errors (a failed or cut
-stream, or one unfinished ``--drain`` seconds after the phase). Before the servers start, the
+stream, or one unfinished ``--drain`` seconds after the phase); and from the server's own
+counters (``/stats``), the tokens it decoded a second, its steps a second and the slots busy in
+an average step, which tell a slow GPU from slow clients. Before the servers start, the
 model's floors are timed in a process of their own on the idle GPU (``Engine.measure_floors``):
 the tokens/s no way of waiting can pass, every slot busy. Writes ``--out``.json, .md (medians over
 the repeats, the floors, and the serving goals checked, each beside the most the floor leaves
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import http.client
 import itertools
 import json
 import multiprocessing
@@ -50,6 +53,31 @@ from loadtools import cpu_list, cpu_seconds, free_port, percentile, pin, probe_h
 
 START_MARGIN = 1.0  # seconds for the worker processes to be ready before a phase starts
 METRICS = ("tokens_per_second", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "health_p99_ms", "cpu_cores", "errors")
+SERVER_METRICS = ("server_tokens_per_second", "steps_per_second", "slots_busy")
+
+
+def engine_counters(port: int) -> dict[str, float]:
+    """The server's own counters (``/stats``): steps, tokens decoded and its uptime."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        connection.request("GET", "/stats")
+        stats = json.loads(connection.getresponse().read())
+    finally:
+        connection.close()
+    return {"steps": stats["steps"], "tokens": stats["tokens"], "uptime_s": stats["uptime_s"]}
+
+
+def server_side(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """What the server did between two samples of its counters: tokens it decoded a second (sent
+    or not), steps a second, and the slots busy in an average step."""
+    seconds = after["uptime_s"] - before["uptime_s"]
+    steps = after["steps"] - before["steps"]
+    tokens = after["tokens"] - before["tokens"]
+    return {
+        "server_tokens_per_second": tokens / seconds,
+        "steps_per_second": steps / seconds,
+        "slots_busy": tokens / steps if steps else 0.0,
+    }
 
 
 def load_worker(url: str, started: float, window: tuple[float, float], drain: float, plan: dict[str, float]) -> dict[str, object]:
@@ -143,8 +171,10 @@ async def run_phase(
     health = loop.run_in_executor(workers, probe_health, server.port, *window)
     await asyncio.sleep(max(0.0, window[0] - time.monotonic()))
     cpu_before = cpu_seconds(server.process.pid)
+    counters_before = await asyncio.to_thread(engine_counters, server.port)
     await asyncio.sleep(max(0.0, window[1] - time.monotonic()))
     cpu = cpu_seconds(server.process.pid) - cpu_before
+    counters_after = await asyncio.to_thread(engine_counters, server.port)
     results = await asyncio.gather(*shares)
     health_latencies = await health
     ttft = [value for result in results for value in result["ttft"]]  # type: ignore[attr-defined]
@@ -160,6 +190,7 @@ async def run_phase(
         "health_p99_ms": percentile(health_latencies, 0.99) * 1e3,
         "cpu_cores": cpu / arguments.seconds,
         "errors": sum(result["errors"] for result in results),  # type: ignore[misc]
+        **server_side(counters_before, counters_after),
     }
 
 
@@ -183,7 +214,9 @@ def report(mode: str, phase: str, result: dict[str, float]) -> None:
     print(
         f"{mode:15} {phase:>9} {result['tokens_per_second']:7.0f} tok/s  TTFT p50/p99 {result['ttft_p50_ms']:6.1f}/"
         f"{result['ttft_p99_ms']:6.1f} ms  ITL p50/p99 {result['itl_p50_ms']:5.1f}/{result['itl_p99_ms']:5.1f} ms"
-        f"  /health p99 {result['health_p99_ms']:5.1f} ms  CPU {result['cpu_cores']:4.2f}  errors {result['errors']:.0f}",
+        f"  /health p99 {result['health_p99_ms']:5.1f} ms  CPU {result['cpu_cores']:4.2f}  errors {result['errors']:.0f}"
+        f"  server {result['server_tokens_per_second']:7.0f} tok/s in {result['steps_per_second']:4.0f} steps/s"
+        f" ({result['slots_busy']:4.1f} slots busy)",
         flush=True,
     )
 
@@ -276,6 +309,8 @@ def summarize(result: dict[str, object], reference: str) -> str:
                 f"{m['itl_p50_ms']:.1f} / {m['itl_p99_ms']:.1f} | {m['health_p99_ms']:.1f} | {m['cpu_cores']:.2f} | {m['errors']:.0f} |"
             )
     floors: dict[str, float] | None = result.get("floors")  # type: ignore[assignment]
+    if all(metric in row for row in rows for metric in SERVER_METRICS):
+        lines += ["", *server_table(median, modes, phases, floors)]
     if floors:
         lines += [
             "",
@@ -287,6 +322,30 @@ def summarize(result: dict[str, object], reference: str) -> str:
     if {"aiogpu", "to_thread", "blocking"} <= set(modes) and "80%" in phases:
         lines += ["", *goals(median, floors)]
     return "\n".join(lines) + "\n"
+
+
+def server_table(
+    median: Callable[[str, str, str], float], modes: list[str], phases: list[str], floors: dict[str, float] | None
+) -> list[str]:
+    """Markdown: what each server did in the measured window, from its own counters. With the
+    floors, the share of the window its GPU spent stepping (steps a second times the GPU's own
+    time a step): near 1 the GPU is the bottleneck, whatever the way of waiting."""
+    lines = [
+        "What the servers did (their own counters; medians): tokens decoded a second, steps a second, "
+        "slots busy in an average step" + (", and the share of the time the GPU was stepping." if floors else "."),
+        "",
+        "| phase | mode | server tokens/s | steps/s | slots busy | GPU stepping |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for phase in phases:
+        for mode in modes:
+            m = {metric: median(mode, phase, metric) for metric in SERVER_METRICS}
+            stepping = f"{m['steps_per_second'] * floors['gpu_step_s']:.0%}" if floors else ""
+            lines.append(
+                f"| {phase} | {mode} | {m['server_tokens_per_second']:.0f} | {m['steps_per_second']:.0f} | "
+                f"{m['slots_busy']:.1f} | {stepping} |"
+            )
+    return lines
 
 
 def goals(median: Callable[[str, str, str], float], floors: dict[str, float] | None) -> list[str]:
