@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import subprocess
 import sys
+import time
 from contextlib import AbstractContextManager
 from pathlib import Path
 
@@ -108,6 +109,11 @@ def test_the_per_request_server_predicts_with_either_way_of_lending_streams(lend
         assert isinstance(body, dict)
         assert len(body["outputs"]) == 16
         assert call(url + "/predict", {"tokens": list(range(1, 513))})[1] == body
+        status, stats = call(url + "/stats")
+        assert status == 200, stats
+        assert isinstance(stats, dict)
+        assert stats["requests"] == 2
+        assert stats["total"]["max_ms"] >= stats["wait"]["max_ms"] > 0
         status, error = call(url + "/predict", {"tokens": [40_000]})
         assert status == 422, error
         assert "tokens must be 1 to 1024 ints" in str(error)
@@ -128,10 +134,13 @@ async def test_the_per_request_server_counts_requests_in_flight(monkeypatch: pyt
             await service.predict([])
         assert service.in_flight == 0  # refused before it was counted
 
+        assert service.phases.summary()["requests"] == 1  # the refused one is not counted
         gate = anyio.Event()
 
-        async def held(stream: object, tokens: list[int]) -> list[float]:  # GPU work the test ends
+        async def held(stream: object, tokens: list[int], marks: list[float]) -> list[float]:  # GPU work the test ends
+            marks.append(time.perf_counter())  # enqueued
             await gate.wait()
+            marks += [time.perf_counter()] * 2  # waited, read
             return [0.0] * 16
 
         monkeypatch.setattr(service, "_run", held)
@@ -143,6 +152,7 @@ async def test_the_per_request_server_counts_requests_in_flight(monkeypatch: pyt
                 assert (service.in_flight, service.pool.in_use) == (3, 3)
                 gate.set()
             assert (service.in_flight, service.pool.in_use) == (0, 0)
+            assert service.phases.summary()["requests"] == 4
             gate = anyio.Event()
             async with anyio.create_task_group() as tg:  # let go, as when their clients leave
                 for _ in range(3):
@@ -151,11 +161,36 @@ async def test_the_per_request_server_counts_requests_in_flight(monkeypatch: pyt
                 assert service.in_flight == 3
                 tg.cancel_scope.cancel()
             assert (service.in_flight, service.pool.in_use) == (0, 0)
+            assert service.phases.summary()["requests"] == 4  # requests let go are not answered ones
     finally:
         service.close()
     monkeypatch.undo()
     del service, held
     gc.collect()  # on the GPU torch frees the network's buffers here, after their streams closed
+
+
+def test_phases_split_each_answered_request_into_its_parts(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(SERVING))
+    import per_request_server  # examples/serving/per_request_server.py
+
+    phases = per_request_server.Phases()
+    assert phases.summary()["requests"] == 0
+    for step in range(1, 101):  # request i: 1 ms for a stream, i ms enqueueing, 2i ms waiting, no reading
+        start = 10.0 * step
+        phases.add(
+            [start, start + 0.001, start + 0.001 * (1 + step), start + 0.001 * (1 + 3 * step), start + 0.001 * (1 + 3 * step)]
+        )
+    summary = phases.summary()
+    assert summary["requests"] == 100
+    assert summary["stream"] == pytest.approx({"p50_ms": 1.0, "p99_ms": 1.0, "max_ms": 1.0})
+    assert summary["enqueue"] == pytest.approx({"p50_ms": 51.0, "p99_ms": 99.0, "max_ms": 100.0})
+    assert summary["wait"] == pytest.approx({"p50_ms": 102.0, "p99_ms": 198.0, "max_ms": 200.0})
+    assert summary["read"] == pytest.approx({"p50_ms": 0.0, "p99_ms": 0.0, "max_ms": 0.0})
+    assert summary["total"] == pytest.approx({"p50_ms": 154.0, "p99_ms": 298.0, "max_ms": 301.0})
+    with pytest.raises(ValueError, match="expected 5 marks"):
+        phases.add([0.0, 1.0])  # every phase must be marked
+    phases.clear()
+    assert phases.summary()["requests"] == 0
 
 
 def test_the_wrk_load_test_waits_for_the_warm_ups_requests(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -189,6 +224,51 @@ def test_the_wrk_load_test_waits_for_the_warm_ups_requests(monkeypatch: pytest.M
                 loadtest_wrk.wait_until_drained(health.server_address[1], timeout=0.2)
         finally:
             health.shutdown()
+
+
+def test_the_wrk_load_test_reads_and_clears_the_servers_phases(monkeypatch: pytest.MonkeyPatch) -> None:
+    import http.server
+    import json
+    import threading
+
+    monkeypatch.syspath_prepend(str(SERVING))
+    import loadtest_wrk  # examples/serving/loadtest_wrk.py
+    import per_request_server  # examples/serving/per_request_server.py
+
+    phases = per_request_server.Phases()
+    phases.add([0.0, 0.002, 0.003, 0.013, 0.014])
+
+    class Stats(http.server.BaseHTTPRequestHandler):
+        def answer(self, status: int, body: object) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            assert self.path == "/stats"
+            self.answer(200, phases.summary())
+
+        def do_DELETE(self) -> None:
+            phases.clear()
+            self.answer(200, {"cleared": True})
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Stats) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            port = server.server_address[1]
+            read = loadtest_wrk.server_phases(port)
+            assert read["requests"] == 1
+            line = loadtest_wrk.phase_line(read)  # type: ignore[arg-type]
+            assert line == "stream 2.0 / 2.0  enqueue 1.0 / 1.0  wait 10.0 / 10.0  read 1.0 / 1.0  total 14.0 / 14.0"
+            loadtest_wrk.server_phases(port, "DELETE")
+            assert loadtest_wrk.server_phases(port)["requests"] == 0
+        finally:
+            server.shutdown()
 
 
 WRK_OUTPUT = """Running 8s test @ http://127.0.0.1:8000/predict

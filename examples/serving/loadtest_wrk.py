@@ -7,7 +7,10 @@ drops its connections when its time is up, with up to one request each still bei
 measured run started at once would queue its first requests behind them, and on a saturated
 server those few dominate the p99.) It
 reports requests/s, latency p50 / p99 / max, requests that hit wrk's 2 s timeout, non-2xx
-answers and the server's CPU (cores busy), prints a line per run and writes ``--out`` (JSON).
+answers and the server's CPU (cores busy), and from the server's ``/stats`` how long the measured
+run's requests spent in each part of the server's work (waiting for a stream, enqueueing, awaiting
+the GPU, reading the outputs: what is left of wrk's latency is the HTTP side and the loop's
+queue); prints two lines per run and writes ``--out`` (JSON).
 
 Run:  python examples/serving/loadtest_wrk.py [--wrk path/to/wrk] [--lend pool|queue] [--repeats 3]
 """
@@ -76,6 +79,20 @@ def wait_until_drained(port: int, timeout: float = 60.0) -> None:
         time.sleep(0.05)
 
 
+def server_phases(port: int, method: str = "GET") -> dict[str, object]:
+    """The server's ``/stats``: where its answered requests spent their time (``DELETE`` starts over)."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        connection.request(method, "/stats")
+        response = connection.getresponse()
+        body = json.loads(response.read())
+    finally:
+        connection.close()
+    if response.status != 200:
+        raise RuntimeError(f"{method} /stats answered {response.status}: {body}")
+    return body  # type: ignore[no-any-return]
+
+
 def run_once(arguments: argparse.Namespace, mode: str, script: Path) -> dict[str, object]:
     port = free_port()
     command = [sys.executable, str(HERE / "per_request_server.py"), "--mode", mode, "--lend", arguments.lend, "--port", str(port)]
@@ -88,15 +105,25 @@ def run_once(arguments: argparse.Namespace, mode: str, script: Path) -> dict[str
         wrk = [*taskset, arguments.wrk, "-t2", f"-c{arguments.connections}", "-s", str(script), "--latency"]
         subprocess.run([*wrk, f"-d{arguments.warmup}s", url], capture_output=True, check=True)
         wait_until_drained(port)
+        server_phases(port, "DELETE")
         cpu_before, started = cpu_seconds(server.pid), time.monotonic()
         result = subprocess.run([*wrk, f"-d{arguments.seconds}s", url], capture_output=True, text=True, check=True)
         cpu = (cpu_seconds(server.pid) - cpu_before) / (time.monotonic() - started)
+        phases = server_phases(port)
     finally:
         server.terminate()
         output = server.communicate(timeout=30)[0].decode(errors="replace")
     figures = parse_wrk(result.stdout)
     where = next((line for line in output.splitlines() if line.startswith("serving on")), "?")
-    return {"mode": mode, "lend": arguments.lend, "cpu_cores": cpu, "server": where, **figures}
+    return {"mode": mode, "lend": arguments.lend, "cpu_cores": cpu, "server": where, **figures, "phases": phases}
+
+
+def phase_line(phases: dict[str, dict[str, float]]) -> str:
+    """``stream 1.0 / 2.0  enqueue ...``: each phase's p50 and p99, and the whole."""
+    return "  ".join(
+        f"{name} {phases[name]['p50_ms']:.1f} / {phases[name]['p99_ms']:.1f}"
+        for name in ("stream", "enqueue", "wait", "read", "total")
+    )
 
 
 def main(arguments: argparse.Namespace) -> list[dict[str, object]]:
@@ -119,6 +146,7 @@ def main(arguments: argparse.Namespace) -> list[dict[str, object]]:
                     f"  non-2xx {row['non_2xx']}  CPU {row['cpu_cores']:.2f}",
                     flush=True,
                 )
+                print(f"{'':20} in the server, p50 / p99 ms: {phase_line(row['phases'])}", flush=True)  # type: ignore[arg-type]
     return rows
 
 

@@ -1,7 +1,9 @@
 """A per-request inference server on FastAPI + uvicorn: no batching, one stream per request.
 
 POST /predict {"tokens": [ints]} -> {"outputs": [16 floats]}; GET /health (with ``in_flight``,
-the requests being served, those whose client left included). Each request borrows
+the requests being served, those whose client left included); GET /stats, how long answered
+requests spent waiting for a stream, enqueueing, awaiting their work and reading it (p50, p99,
+max; DELETE /stats starts over). Each request borrows
 a stream, enqueues its own forward pass (a 24-layer bf16 MLP over 1,024 tokens, random weights),
 records an event and waits for it: the simplest GPU service there is. Without a GPU a CPU
 stand-in runs on aiogpu's simulated device.
@@ -28,6 +30,8 @@ import argparse
 import asyncio
 import gc
 import math
+import time
+from collections import deque
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
@@ -47,10 +51,49 @@ TOKENS = 1024
 VOCABULARY = 32_000
 OUTPUTS = 16
 SIMULATED_SECONDS = 0.0015  # the stand-in's GPU time per request
+#: The phases of a request in ``Service.predict``, each ended by a mark: waiting for a stream,
+#: enqueueing the work (and recording its event), awaiting it (the GPU's time and the wake-up),
+#: reading the outputs.
+PHASES = ("stream", "enqueue", "wait", "read")
 
 
 class Prediction(BaseModel):
     tokens: list[int]
+
+
+class Phases:
+    """How long the last 100,000 answered requests spent in each of ``PHASES`` and in all."""
+
+    def __init__(self) -> None:
+        self._seconds = {name: deque[float](maxlen=100_000) for name in (*PHASES, "total")}
+
+    def add(self, marks: list[float]) -> None:
+        """One answered request: ``time.perf_counter()`` at its start and at the end of each phase."""
+        if len(marks) != len(PHASES) + 1:
+            raise ValueError(f"expected {len(PHASES) + 1} marks (the start, then the end of each of {PHASES}), got {len(marks)}")
+        for name, begin, end in zip(PHASES, marks[:-1], marks[1:], strict=True):
+            self._seconds[name].append(end - begin)
+        self._seconds["total"].append(marks[-1] - marks[0])
+
+    def clear(self) -> None:
+        for seconds in self._seconds.values():
+            seconds.clear()
+
+    def summary(self) -> dict[str, object]:
+        """``{"requests": n, PHASE: {"p50_ms", "p99_ms", "max_ms"}, ..., "total": {...}}``."""
+        summary: dict[str, object] = {"requests": len(self._seconds["total"])}
+        for name, seconds in self._seconds.items():
+            ordered = sorted(seconds) or [0.0]
+            summary[name] = {
+                "p50_ms": _at(ordered, 0.5) * 1e3,
+                "p99_ms": _at(ordered, 0.99) * 1e3,
+                "max_ms": ordered[-1] * 1e3,
+            }
+        return summary
+
+
+def _at(ordered: list[float], share: float) -> float:
+    return ordered[round(share * (len(ordered) - 1))]
 
 
 class Service:
@@ -69,6 +112,7 @@ class Service:
             self.where = f"GPU {device.ordinal}: {device.name}"
         self.pool = aiogpu.StreamPool([device], streams_per_device=STREAMS)
         self.in_flight = 0  # requests validated and not yet answered (a client that left still counts)
+        self.phases = Phases()
         self._queue: asyncio.Queue[aiogpu.Stream] | None = None
         if lend == "queue":
             self._queue = asyncio.Queue()
@@ -91,25 +135,33 @@ class Service:
         if not tokens or len(tokens) > TOKENS or not all(isinstance(t, int) and 0 <= t < VOCABULARY for t in tokens):
             raise ValueError(f"tokens must be 1 to {TOKENS} ints in [0, {VOCABULARY})")
         self.in_flight += 1
+        marks = [time.perf_counter()]
         try:
             if self._queue is None:
                 async with self.pool.stream() as stream:
-                    return await self._run(stream, tokens)
-            stream = await self._queue.get()
-            try:
-                return await self._run(stream, tokens)
-            finally:
-                self._queue.put_nowait(stream)
+                    marks.append(time.perf_counter())
+                    outputs = await self._run(stream, tokens, marks)
+            else:
+                stream = await self._queue.get()
+                marks.append(time.perf_counter())
+                try:
+                    outputs = await self._run(stream, tokens, marks)
+                finally:
+                    self._queue.put_nowait(stream)
         finally:
             self.in_flight -= 1
+        self.phases.add(marks)
+        return outputs
 
-    async def _run(self, stream: aiogpu.Stream, tokens: list[int]) -> list[float]:
+    async def _run(self, stream: aiogpu.Stream, tokens: list[int], marks: list[float]) -> list[float]:
+        """Run the network on ``stream``; mark the end of enqueueing, waiting and reading."""
         if self._network is None:
             launch_spin(stream, SIMULATED_SECONDS)  # simulated GPU time
             read = lambda: [math.tanh(sum(tokens) * (i + 1) / 1e6) for i in range(OUTPUTS)]  # noqa: E731
         else:
             read = self._network.enqueue(stream, tokens)
         done = stream.record()
+        marks.append(time.perf_counter())
         try:
             if self.mode == "aiogpu":
                 await done
@@ -121,7 +173,10 @@ class Service:
                 done.synchronize()
         finally:
             done.close()
-        return read()
+        marks.append(time.perf_counter())
+        outputs = read()
+        marks.append(time.perf_counter())
+        return outputs
 
 
 class _Network:
@@ -180,6 +235,16 @@ def create_app(mode: str, lend: str) -> FastAPI:
     @app.get("/health")
     async def health() -> dict[str, object]:
         return {"status": "ok", "mode": mode, "in_flight": service.in_flight}
+
+    @app.get("/stats")
+    async def stats() -> dict[str, object]:
+        """Where answered requests spent their time in the server (``Phases.summary``)."""
+        return service.phases.summary()
+
+    @app.delete("/stats")
+    async def clear_stats() -> dict[str, object]:
+        service.phases.clear()
+        return {"cleared": True}
 
     return app
 
