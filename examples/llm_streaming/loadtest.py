@@ -301,13 +301,16 @@ def summarize(result: dict[str, object], reference: str) -> str:
         "| phase | mode | tokens/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | /health p99 ms | CPU cores | errors |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for phase in phases:
-        for mode in modes:
-            m = {metric: median(mode, phase, metric) for metric in METRICS}
-            lines.append(
-                f"| {phase} | {mode} | {m['tokens_per_second']:.0f} | {m['ttft_p50_ms']:.1f} / {m['ttft_p99_ms']:.1f} | "
-                f"{m['itl_p50_ms']:.1f} / {m['itl_p99_ms']:.1f} | {m['health_p99_ms']:.1f} | {m['cpu_cores']:.2f} | {m['errors']:.0f} |"
-            )
+    lines += table_rows(
+        median,
+        modes,
+        phases,
+        METRICS,
+        lambda m: (
+            f"{m['tokens_per_second']:.0f} | {m['ttft_p50_ms']:.1f} / {m['ttft_p99_ms']:.1f} | "
+            f"{m['itl_p50_ms']:.1f} / {m['itl_p99_ms']:.1f} | {m['health_p99_ms']:.1f} | {m['cpu_cores']:.2f} | {m['errors']:.0f}"
+        ),
+    )
     floors: dict[str, float] | None = result.get("floors")  # type: ignore[assignment]
     if all(metric in row for row in rows for metric in SERVER_METRICS):
         lines += ["", *server_table(median, modes, phases, floors)]
@@ -337,15 +340,31 @@ def server_table(
         "| phase | mode | server tokens/s | steps/s | slots busy | GPU stepping |",
         "|---|---|---:|---:|---:|---:|",
     ]
+    return lines + table_rows(
+        median,
+        modes,
+        phases,
+        SERVER_METRICS,
+        lambda m: (
+            f"{m['server_tokens_per_second']:.0f} | {m['steps_per_second']:.0f} | {m['slots_busy']:.1f} | "
+            + (f"{m['steps_per_second'] * floors['gpu_step_s']:.0%}" if floors else "")
+        ),
+    )
+
+
+def table_rows(
+    median: Callable[[str, str, str], float],
+    modes: list[str],
+    phases: list[str],
+    metrics: tuple[str, ...],
+    cells: Callable[[dict[str, float]], str],
+) -> list[str]:
+    """A Markdown row per phase and mode: the phase, the mode, then ``cells`` of the medians."""
+    rows = []
     for phase in phases:
         for mode in modes:
-            m = {metric: median(mode, phase, metric) for metric in SERVER_METRICS}
-            stepping = f"{m['steps_per_second'] * floors['gpu_step_s']:.0%}" if floors else ""
-            lines.append(
-                f"| {phase} | {mode} | {m['server_tokens_per_second']:.0f} | {m['steps_per_second']:.0f} | "
-                f"{m['slots_busy']:.1f} | {stepping} |"
-            )
-    return lines
+            rows.append(f"| {phase} | {mode} | {cells({metric: median(mode, phase, metric) for metric in metrics})} |")
+    return rows
 
 
 def goals(median: Callable[[str, str, str], float], floors: dict[str, float] | None) -> list[str]:
