@@ -286,6 +286,8 @@ def test_the_load_test_reports_every_mode(tmp_path: Path) -> None:
         "5",
         "--concurrency",
         "16",
+        "--clients",
+        "2",
         "--rates",
         "0.5",
         "0.8",

@@ -444,7 +444,7 @@ if __name__ == "__main__":
     parser.add_argument(
         "--concurrency", type=int, default=128, help="streams at once in the capacity phase, shared by the clients"
     )
-    parser.add_argument("--clients", type=int, default=2, help="client processes generating the load")
+    parser.add_argument("--clients", type=int, default=4, help="client processes generating the load")
     parser.add_argument("--max-tokens", type=int, default=64)
     for name in ("slots", "window", "hidden", "layers", "heads"):
         parser.add_argument(f"--{name}", type=int, help="model shape passed to each server (engine.ModelShape)")
