@@ -271,6 +271,25 @@ def test_the_wrk_load_test_reads_and_clears_the_servers_phases(monkeypatch: pyte
             server.shutdown()
 
 
+def test_the_wrk_summary_gives_every_run_of_every_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(SERVING))
+    import loadtest_wrk  # examples/serving/loadtest_wrk.py
+
+    def row(mode: str, rate: float, p99: float, wait_p99: float) -> dict[str, object]:
+        parts = {part: {"p50_ms": 0.5, "p99_ms": 1.0, "max_ms": 2.0} for part in ("stream", "enqueue", "read", "total")}
+        parts["wait"] = {"p50_ms": 1.0, "p99_ms": wait_p99, "max_ms": 9.0}
+        figures = {"requests_per_second": rate, "p50_ms": 100.0, "p99_ms": p99, "max_ms": 400.0, "timeouts": 0}
+        return {"mode": mode, "cpu_cores": 1.0, **figures, "phases": parts}
+
+    rows = [row("aiogpu", 590.4, 222.0, 5.5), row("to_thread", 538.0, 163.0, 4.0), row("aiogpu", 597.0, 156.0, 6.3)]
+    lines = loadtest_wrk.summarize(rows).splitlines()
+    assert lines[2] == "| aiogpu | 590, 597 | 100, 100 | 222, 156 | 400, 400 | 0, 0 | 1.00, 1.00 |"
+    assert lines[3] == "| to_thread | 538 | 100 | 163 | 400 | 0 | 1.00 |"
+    assert lines[7:9] == ["| way of waiting | stream | enqueue | wait | read | total |", "|---|---|---|---|---|---|"]
+    assert lines[9] == "| aiogpu | 1.0, 1.0 | 1.0, 1.0 | 5.5, 6.3 | 1.0, 1.0 | 1.0, 1.0 |"
+    assert lines[10] == "| to_thread | 1.0 | 1.0 | 4.0 | 1.0 | 1.0 |"
+
+
 WRK_OUTPUT = """Running 8s test @ http://127.0.0.1:8000/predict
   2 threads and 64 connections
   Thread Stats   Avg      Stdev     Max   +/- Stdev

@@ -10,7 +10,7 @@ reports requests/s, latency p50 / p99 / max, requests that hit wrk's 2 s timeout
 answers and the server's CPU (cores busy), and from the server's ``/stats`` how long the measured
 run's requests spent in each part of the server's work (waiting for a stream, enqueueing, awaiting
 the GPU, reading the outputs: what is left of wrk's latency is the HTTP side and the loop's
-queue); prints two lines per run and writes ``--out`` (JSON).
+queue); prints two lines per run and writes ``--out`` (JSON) and a Markdown summary beside it.
 
 Run:  python examples/serving/loadtest_wrk.py [--wrk path/to/wrk] [--lend pool|queue] [--repeats 3]
 """
@@ -26,11 +26,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from operator import itemgetter
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent))  # loadtools.py, shared with the other load tests
 from loadtools import cpu_list, cpu_seconds, free_port, pin, wait_until_healthy  # noqa: E402
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3}
 
@@ -126,6 +131,36 @@ def phase_line(phases: dict[str, dict[str, float]]) -> str:
     )
 
 
+def summarize(rows: list[dict[str, Any]]) -> str:
+    """Markdown: per mode, each repeat's figures in the order run, then where in the server each
+    repeat's requests spent their time (p99 of each part)."""
+    modes = list(dict.fromkeys(row["mode"] for row in rows))
+
+    def runs(mode: str, figure: Callable[[dict[str, Any]], float], digits: int = 0) -> str:
+        return ", ".join(f"{figure(row):.{digits}f}" for row in rows if row["mode"] == mode)
+
+    figures = ("requests_per_second", "p50_ms", "p99_ms", "max_ms", "timeouts")
+    parts = ("stream", "enqueue", "wait", "read", "total")
+    lines = [
+        "| way of waiting | req/s | p50 ms | p99 ms | max ms | over 2 s | server CPU (cores) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for mode in modes:
+        cells = [runs(mode, itemgetter(name)) for name in figures] + [runs(mode, itemgetter("cpu_cores"), 2)]
+        lines.append(f"| {mode} | {' | '.join(cells)} |")
+    lines += [
+        "",
+        "In the server, p99 ms of each part of a request:",
+        "",
+        f"| way of waiting | {' | '.join(parts)} |",
+        "|---" * 6 + "|",
+    ]
+    for mode in modes:
+        cells = [runs(mode, lambda row, part=part: row["phases"][part]["p99_ms"], 1) for part in parts]
+        lines.append(f"| {mode} | {' | '.join(cells)} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(arguments: argparse.Namespace) -> list[dict[str, object]]:
     rng = random.Random(0)
     body = json.dumps({"tokens": [rng.randrange(32_000) for _ in range(512)]})
@@ -167,3 +202,4 @@ if __name__ == "__main__":
     if options.out:
         options.out.parent.mkdir(parents=True, exist_ok=True)
         options.out.write_text(json.dumps(results, indent=1))
+        options.out.with_suffix(".md").write_text(summarize(results))
