@@ -255,8 +255,6 @@ async def test_health_answers_while_every_slot_streams(server_url: str) -> None:
     assert max(latencies) < 1.0, latencies  # answered between steps, not after the streams
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(300)
 def test_the_servers_own_counters_give_its_rates(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(STREAMING))
     import loadtest  # examples/llm_streaming/loadtest.py
@@ -272,6 +270,8 @@ def test_the_servers_own_counters_give_its_rates(monkeypatch: pytest.MonkeyPatch
     assert idle == {"server_tokens_per_second": 0.0, "steps_per_second": 0.0, "slots_busy": 0.0}
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_the_load_test_reports_every_mode(tmp_path: Path) -> None:
     out = tmp_path / "llm"
     command = [sys.executable, str(STREAMING / "loadtest.py"), "--modes", "aiogpu", "to_thread", "blocking"]
@@ -309,7 +309,7 @@ def test_the_load_test_reports_every_mode(tmp_path: Path) -> None:
         assert row["ttft_p99_ms"] >= row["ttft_p50_ms"] > 0, row
         assert row["cpu_cores"] > 0, row
         assert 0 < row["slots_busy"] <= 8, row
-        assert row["server_tokens_per_second"] == pytest.approx(row["steps_per_second"] * row["slots_busy"], rel=1e-6)
+        assert 0 < row["steps_per_second"] * floors["gpu_step_s"] < 1.1, row  # no faster than the GPU steps
         assert 0.5 < row["server_tokens_per_second"] / row["tokens_per_second"] < 2, row  # the same tokens, both ends
     summary = out.with_suffix(".md").read_text()
     assert "| phase | mode | server tokens/s | steps/s | slots busy | GPU stepping |" in summary

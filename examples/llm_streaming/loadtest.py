@@ -56,20 +56,25 @@ METRICS = ("tokens_per_second", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl
 SERVER_METRICS = ("server_tokens_per_second", "steps_per_second", "slots_busy")
 
 
-def engine_counters(port: int) -> dict[str, float]:
-    """The server's own counters (``/stats``): steps, tokens decoded and its uptime."""
+def engine_counters(port: int) -> dict[str, float] | None:
+    """The server's own counters (``/stats``): steps, tokens decoded and its uptime; ``None`` if
+    the server does not answer (the phase then counts its failed streams as errors)."""
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     try:
         connection.request("GET", "/stats")
         stats = json.loads(connection.getresponse().read())
+    except (OSError, ValueError):
+        return None
     finally:
         connection.close()
     return {"steps": stats["steps"], "tokens": stats["tokens"], "uptime_s": stats["uptime_s"]}
 
 
-def server_side(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+def server_side(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float]:
     """What the server did between two samples of its counters: tokens it decoded a second (sent
-    or not), steps a second, and the slots busy in an average step."""
+    or not), steps a second, and the slots busy in an average step (NaN where a sample failed)."""
+    if before is None or after is None:
+        return dict.fromkeys(SERVER_METRICS, float("nan"))
     seconds = after["uptime_s"] - before["uptime_s"]
     steps = after["steps"] - before["steps"]
     tokens = after["tokens"] - before["tokens"]
@@ -312,8 +317,6 @@ def summarize(result: dict[str, object], reference: str) -> str:
         ),
     )
     floors: dict[str, float] | None = result.get("floors")  # type: ignore[assignment]
-    if all(metric in row for row in rows for metric in SERVER_METRICS):
-        lines += ["", *server_table(median, modes, phases, floors)]
     if floors:
         lines += [
             "",
@@ -322,6 +325,8 @@ def summarize(result: dict[str, object], reference: str) -> str:
             f"`synchronize()` and doing the scheduler's work between steps, {floors['pipeline_step_s'] * 1e3:.2f} ms "
             f"({floors['pipeline_tokens_per_second']:.0f} tokens/s).",
         ]
+    if all(metric in row for row in rows for metric in SERVER_METRICS):
+        lines += ["", *server_table(median, modes, phases, floors)]
     if {"aiogpu", "to_thread", "blocking"} <= set(modes) and "80%" in phases:
         lines += ["", *goals(median, floors)]
     return "\n".join(lines) + "\n"
@@ -333,23 +338,21 @@ def server_table(
     """Markdown: what each server did in the measured window, from its own counters. With the
     floors, the share of the window its GPU spent stepping (steps a second times the GPU's own
     time a step): near 1 the GPU is the bottleneck, whatever the way of waiting."""
-    lines = [
+    step = floors["gpu_step_s"] if floors else None
+
+    def cells(m: dict[str, float]) -> str:
+        figures = f"{m['server_tokens_per_second']:.0f} | {m['steps_per_second']:.0f} | {m['slots_busy']:.1f}"
+        return figures if step is None else f"{figures} | {m['steps_per_second'] * step:.0%}"
+
+    return [
         "What the servers did (their own counters; medians): tokens decoded a second, steps a second, "
-        "slots busy in an average step" + (", and the share of the time the GPU was stepping." if floors else "."),
+        "slots busy in an average step"
+        + (", and the share of the time the GPU was stepping (steps a second times its time a step, above)." if step else "."),
         "",
-        "| phase | mode | server tokens/s | steps/s | slots busy | GPU stepping |",
-        "|---|---|---:|---:|---:|---:|",
+        "| phase | mode | server tokens/s | steps/s | slots busy |" + (" GPU stepping |" if step else ""),
+        "|---|---|---:|---:|---:|" + ("---:|" if step else ""),
+        *table_rows(median, modes, phases, SERVER_METRICS, cells),
     ]
-    return lines + table_rows(
-        median,
-        modes,
-        phases,
-        SERVER_METRICS,
-        lambda m: (
-            f"{m['server_tokens_per_second']:.0f} | {m['steps_per_second']:.0f} | {m['slots_busy']:.1f} | "
-            + (f"{m['steps_per_second'] * floors['gpu_step_s']:.0%}" if floors else "")
-        ),
-    )
 
 
 def table_rows(

@@ -9,8 +9,9 @@ server those few dominate the p99.) It
 reports requests/s, latency p50 / p99 / max, requests that hit wrk's 2 s timeout, non-2xx
 answers and the server's CPU (cores busy), and from the server's ``/stats`` how long the measured
 run's requests spent in each part of the server's work (waiting for a stream, enqueueing, awaiting
-the GPU, reading the outputs: what is left of wrk's latency is the HTTP side and the loop's
-queue); prints two lines per run and writes ``--out`` (JSON) and a Markdown summary beside it.
+the GPU, reading the outputs; where their mean falls short of wrk's, the rest went to the HTTP side
+and the loop's queue); prints two lines per run and writes ``--out`` (JSON) and a Markdown summary
+beside it.
 
 Run:  python examples/serving/loadtest_wrk.py [--wrk path/to/wrk] [--lend pool|queue] [--repeats 3]
 """
@@ -37,6 +38,8 @@ from loadtools import cpu_list, cpu_seconds, free_port, pin, wait_until_healthy 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+#: The parts of a request's time in the server (``/stats``), and their sum.
+PARTS = ("stream", "enqueue", "wait", "read", "total")
 UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3}
 
 
@@ -90,12 +93,12 @@ def server_phases(port: int, method: str = "GET") -> dict[str, object]:
     try:
         connection.request(method, "/stats")
         response = connection.getresponse()
-        body = json.loads(response.read())
+        body = response.read()
     finally:
         connection.close()
     if response.status != 200:
-        raise RuntimeError(f"{method} /stats answered {response.status}: {body}")
-    return body  # type: ignore[no-any-return]
+        raise RuntimeError(f"{method} /stats answered {response.status}: {body.decode(errors='replace')}")
+    return json.loads(body)  # type: ignore[no-any-return]
 
 
 def run_once(arguments: argparse.Namespace, mode: str, script: Path) -> dict[str, object]:
@@ -114,6 +117,7 @@ def run_once(arguments: argparse.Namespace, mode: str, script: Path) -> dict[str
         cpu_before, started = cpu_seconds(server.pid), time.monotonic()
         result = subprocess.run([*wrk, f"-d{arguments.seconds}s", url], capture_output=True, text=True, check=True)
         cpu = (cpu_seconds(server.pid) - cpu_before) / (time.monotonic() - started)
+        wait_until_drained(port)  # the run's last requests, their clients gone, count all the same
         phases = server_phases(port)
     finally:
         server.terminate()
@@ -125,10 +129,7 @@ def run_once(arguments: argparse.Namespace, mode: str, script: Path) -> dict[str
 
 def phase_line(phases: dict[str, dict[str, float]]) -> str:
     """``stream 1.0 / 2.0  enqueue ...``: each phase's p50 and p99, and the whole."""
-    return "  ".join(
-        f"{name} {phases[name]['p50_ms']:.1f} / {phases[name]['p99_ms']:.1f}"
-        for name in ("stream", "enqueue", "wait", "read", "total")
-    )
+    return "  ".join(f"{name} {phases[name]['p50_ms']:.1f} / {phases[name]['p99_ms']:.1f}" for name in PARTS)
 
 
 def summarize(rows: list[dict[str, Any]]) -> str:
@@ -139,11 +140,10 @@ def summarize(rows: list[dict[str, Any]]) -> str:
     def runs(mode: str, figure: Callable[[dict[str, Any]], float], digits: int = 0) -> str:
         return ", ".join(f"{figure(row):.{digits}f}" for row in rows if row["mode"] == mode)
 
-    figures = ("requests_per_second", "p50_ms", "p99_ms", "max_ms", "timeouts")
-    parts = ("stream", "enqueue", "wait", "read", "total")
+    figures = ("requests_per_second", "p50_ms", "p99_ms", "max_ms", "timeouts", "non_2xx")
     lines = [
-        "| way of waiting | req/s | p50 ms | p99 ms | max ms | over 2 s | server CPU (cores) |",
-        "|---|---|---|---|---|---|---|",
+        "| way of waiting | req/s | p50 ms | p99 ms | max ms | over 2 s | non-2xx | server CPU (cores) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for mode in modes:
         cells = [runs(mode, itemgetter(name)) for name in figures] + [runs(mode, itemgetter("cpu_cores"), 2)]
@@ -152,11 +152,11 @@ def summarize(rows: list[dict[str, Any]]) -> str:
         "",
         "In the server, p99 ms of each part of a request:",
         "",
-        f"| way of waiting | {' | '.join(parts)} |",
+        f"| way of waiting | {' | '.join(PARTS)} |",
         "|---" * 6 + "|",
     ]
     for mode in modes:
-        cells = [runs(mode, lambda row, part=part: row["phases"][part]["p99_ms"], 1) for part in parts]
+        cells = [runs(mode, lambda row, part=part: row["phases"][part]["p99_ms"], 1) for part in PARTS]
         lines.append(f"| {mode} | {' | '.join(cells)} |")
     return "\n".join(lines) + "\n"
 

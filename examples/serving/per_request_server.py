@@ -2,8 +2,8 @@
 
 POST /predict {"tokens": [ints]} -> {"outputs": [16 floats]}; GET /health (with ``in_flight``,
 the requests being served, those whose client left included); GET /stats, how long answered
-requests spent waiting for a stream, enqueueing, awaiting their work and reading it (p50, p99,
-max; DELETE /stats starts over). Each request borrows
+requests spent waiting for a stream, enqueueing, awaiting their work and reading it (mean, p50,
+p99, max; DELETE /stats starts over). Each request borrows
 a stream, enqueues its own forward pass (a 24-layer bf16 MLP over 1,024 tokens, random weights),
 records an event and waits for it: the simplest GPU service there is. Without a GPU a CPU
 stand-in runs on aiogpu's simulated device.
@@ -80,11 +80,13 @@ class Phases:
             seconds.clear()
 
     def summary(self) -> dict[str, object]:
-        """``{"requests": n, PHASE: {"p50_ms", "p99_ms", "max_ms"}, ..., "total": {...}}``."""
+        """``{"requests": n, PHASE: {"mean_ms", "p50_ms", "p99_ms", "max_ms"}, ..., "total": {...}}``.
+        The phases' means add up to the total's; their percentiles do not."""
         summary: dict[str, object] = {"requests": len(self._seconds["total"])}
         for name, seconds in self._seconds.items():
             ordered = sorted(seconds) or [0.0]
             summary[name] = {
+                "mean_ms": sum(ordered) / len(ordered) * 1e3,
                 "p50_ms": _at(ordered, 0.5) * 1e3,
                 "p99_ms": _at(ordered, 0.99) * 1e3,
                 "max_ms": ordered[-1] * 1e3,
@@ -93,6 +95,8 @@ class Phases:
 
 
 def _at(ordered: list[float], share: float) -> float:
+    """The value a ``share`` of the way up ``ordered`` (the load tests' own ``percentile``: the
+    server stands alone, without their helpers)."""
     return ordered[round(share * (len(ordered) - 1))]
 
 
