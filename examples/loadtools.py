@@ -1,9 +1,11 @@
-"""What the examples' load tests share: ports, percentiles, waiting for a server, probing ``/health``
-and reading a process's CPU time. Each load test puts this folder on ``sys.path``."""
+"""What the examples' load tests share: ports, percentiles, waiting for a server, probing ``/health``,
+asking a server for JSON and reading a process's CPU time. Each load test puts this folder on
+``sys.path``."""
 
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import socket
 import time
@@ -38,6 +40,21 @@ def wait_until_healthy(port: int, server: subprocess.Popen[bytes]) -> None:
             pass
         time.sleep(0.2)
     raise RuntimeError("the server did not become healthy within 180 s")
+
+
+def call_json(port: int, path: str, method: str = "GET", timeout: float = 10.0) -> object:
+    """The JSON a local server answers to ``method path``; ``RuntimeError`` for a status other
+    than 200 (``OSError`` where it does not answer)."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        connection.request(method, path)
+        response = connection.getresponse()
+        body = response.read()
+    finally:
+        connection.close()
+    if response.status != 200:
+        raise RuntimeError(f"{method} {path} answered {response.status}: {body.decode(errors='replace')}")
+    return json.loads(body)
 
 
 def probe_health(port: int, measure_from: float, stop_at: float) -> list[float]:

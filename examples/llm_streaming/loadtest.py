@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import http.client
 import itertools
 import json
 import multiprocessing
@@ -49,7 +48,7 @@ if TYPE_CHECKING:
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent))  # loadtools.py, shared with the other load tests
-from loadtools import cpu_list, cpu_seconds, free_port, percentile, pin, probe_health, wait_until_healthy  # noqa: E402
+from loadtools import call_json, cpu_list, cpu_seconds, free_port, percentile, pin, probe_health, wait_until_healthy  # noqa: E402
 
 START_MARGIN = 1.0  # seconds for the worker processes to be ready before a phase starts
 METRICS = ("tokens_per_second", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "health_p99_ms", "cpu_cores", "errors")
@@ -59,14 +58,10 @@ SERVER_METRICS = ("server_tokens_per_second", "steps_per_second", "slots_busy")
 def engine_counters(port: int) -> dict[str, float] | None:
     """The server's own counters (``/stats``): steps, tokens decoded and its uptime; ``None`` if
     the server does not answer (the phase then counts its failed streams as errors)."""
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     try:
-        connection.request("GET", "/stats")
-        stats = json.loads(connection.getresponse().read())
-    except (OSError, ValueError):
+        stats: dict[str, float] = call_json(port, "/stats", timeout=30)  # type: ignore[assignment]
+    except (OSError, ValueError, RuntimeError):
         return None
-    finally:
-        connection.close()
     return {"steps": stats["steps"], "tokens": stats["tokens"], "uptime_s": stats["uptime_s"]}
 
 

@@ -19,7 +19,6 @@ Run:  python examples/serving/loadtest_wrk.py [--wrk path/to/wrk] [--lend pool|q
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import random
 import re
@@ -33,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent))  # loadtools.py, shared with the other load tests
-from loadtools import cpu_list, cpu_seconds, free_port, pin, wait_until_healthy  # noqa: E402
+from loadtools import call_json, cpu_list, cpu_seconds, free_port, pin, wait_until_healthy  # noqa: E402
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -74,12 +73,7 @@ def wait_until_drained(port: int, timeout: float = 60.0) -> None:
     """Return once the server's ``/health`` says no request is in flight (``in_flight`` 0)."""
     deadline = time.monotonic() + timeout
     while True:
-        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-        try:
-            connection.request("GET", "/health")
-            in_flight = json.loads(connection.getresponse().read())["in_flight"]
-        finally:
-            connection.close()
+        in_flight = call_json(port, "/health")["in_flight"]  # type: ignore[index]
         if in_flight == 0:
             return
         if time.monotonic() > deadline:
@@ -89,16 +83,7 @@ def wait_until_drained(port: int, timeout: float = 60.0) -> None:
 
 def server_phases(port: int, method: str = "GET") -> dict[str, object]:
     """The server's ``/stats``: where its answered requests spent their time (``DELETE`` starts over)."""
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        connection.request(method, "/stats")
-        response = connection.getresponse()
-        body = response.read()
-    finally:
-        connection.close()
-    if response.status != 200:
-        raise RuntimeError(f"{method} /stats answered {response.status}: {body.decode(errors='replace')}")
-    return json.loads(body)  # type: ignore[no-any-return]
+    return call_json(port, "/stats", method)  # type: ignore[return-value]
 
 
 def run_once(arguments: argparse.Namespace, mode: str, script: Path) -> dict[str, object]:
@@ -153,7 +138,7 @@ def summarize(rows: list[dict[str, Any]]) -> str:
         "In the server, p99 ms of each part of a request:",
         "",
         f"| way of waiting | {' | '.join(PARTS)} |",
-        "|---" * 6 + "|",
+        "|---" * (len(PARTS) + 1) + "|",
     ]
     for mode in modes:
         cells = [runs(mode, lambda row, part=part: row["phases"][part]["p99_ms"], 1) for part in PARTS]
