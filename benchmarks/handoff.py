@@ -5,9 +5,9 @@ A way of waiting that leaves the loop asleep while the GPU works (``thread``, ``
 resume the task. No such way wakes a task sooner after the work completes than that hand-off
 takes, however fast it sees the completion. This times the hand-off alone, no GPU involved: a
 thread sleeps until well after the loop fell asleep, notes the time and hands a callback to the
-loop; latency is the time until the callback runs on the loop. On asyncio and uvloop (``call_soon_threadsafe``) and trio
-(``TrioToken.run_sync_soon``), beside the operating system's own floor: a thread that sets a
-``threading.Event`` that another thread is blocked on.
+loop; latency is the time until the callback runs on the loop. On asyncio and uvloop
+(``call_soon_threadsafe``) and trio (``TrioToken.run_sync_soon``), beside the operating system's
+own floor: a thread that sets a ``threading.Event`` that another thread is blocked on.
 
 Writes ``handoff.json`` to ``--out`` (with the GPU the machine has, if any: the hand-off does not
 use it) and prints a line per way: the latency's p50 and p99.
@@ -39,9 +39,9 @@ ASLEEP_AFTER = 500e-6
 
 
 class _Trial:
-    """One hand-off: a thread that, ``ASLEEP_AFTER`` from now or a little later, notes the time and calls
-    ``hand_off(arrive)``; ``arrive``, run by the receiving side, notes when it ran and calls
-    ``done``."""
+    """One hand-off: a thread that, ``ASLEEP_AFTER`` from now or a little later, notes the time
+    and calls ``hand_off(arrive)``; ``arrive``, run by the receiving side, notes when it ran and
+    calls ``done``."""
 
     __slots__ = ("_done", "handed", "received", "thread")
 
