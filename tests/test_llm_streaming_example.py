@@ -51,13 +51,20 @@ async def drain(request: object) -> list[int]:
 
 @pytest.mark.asyncio
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("mode", ["aiogpu", "aiogpu-thread", "to_thread", "blocking"])
+@pytest.mark.parametrize("mode", ["aiogpu", "aiogpu-poll", "aiogpu-thread", "to_thread", "blocking"])
 async def test_more_requests_than_slots_each_get_their_own_tokens(engine_module: ModuleType, mode: str) -> None:
     engine = engine_module.Engine(mode, small_shape(engine_module))
     try:
         prompts = [[5 + index, 6, 7] for index in range(10)]  # 10 requests, 4 slots: admitted as slots free up
+        began = time.perf_counter()
         requests = [engine.submit(prompt, 6 + index % 3) for index, prompt in enumerate(prompts)]
         streams = await asyncio.wait_for(asyncio.gather(*(drain(request) for request in requests)), 60)
+        # The steps ran back to back: their waits and the host's work between them fill the time.
+        assert engine.host_s > 0
+        assert engine.waited_s > 0
+        assert engine.host_s + engine.waited_s <= time.perf_counter() - began
+        if engine.where.startswith("the simulated device"):
+            assert engine.waited_s >= engine.steps * engine_module.SIMULATED_STEP_SECONDS * 0.9
         assert [len(tokens) for tokens in streams] == [6 + index % 3 for index in range(10)]
         assert all(0 <= token < engine_module.VOCABULARY for tokens in streams for token in tokens)
         again = engine.submit(prompts[0], 6)
@@ -259,15 +266,17 @@ def test_the_servers_own_counters_give_its_rates(monkeypatch: pytest.MonkeyPatch
     monkeypatch.syspath_prepend(str(STREAMING))
     import loadtest  # examples/llm_streaming/loadtest.py
 
-    before = {"steps": 100, "tokens": 6_000, "uptime_s": 10.0}
-    after = {"steps": 600, "tokens": 30_000, "uptime_s": 12.5}
+    before = {"steps": 100, "tokens": 6_000, "waited_s": 0.5, "host_s": 0.0625, "uptime_s": 10.0}
+    after = {"steps": 600, "tokens": 30_000, "waited_s": 2.5, "host_s": 0.1875, "uptime_s": 12.5}
     assert loadtest.server_side(before, after) == {
         "server_tokens_per_second": 9_600.0,
         "steps_per_second": 200.0,
         "slots_busy": 48.0,
+        "wait_ms_per_step": 4.0,
+        "host_ms_per_step": 0.25,
     }
     idle = loadtest.server_side(before, {**before, "uptime_s": 11.0})
-    assert idle == {"server_tokens_per_second": 0.0, "steps_per_second": 0.0, "slots_busy": 0.0}
+    assert idle == dict.fromkeys(loadtest.SERVER_METRICS, 0.0)
 
 
 @pytest.mark.slow
@@ -310,9 +319,11 @@ def test_the_load_test_reports_every_mode(tmp_path: Path) -> None:
         assert row["cpu_cores"] > 0, row
         assert 0 < row["slots_busy"] <= 8, row
         assert 0 < row["steps_per_second"] * floors["gpu_step_s"] < 1.1, row  # no faster than the GPU steps
+        busy_ms = row["wait_ms_per_step"] + row["host_ms_per_step"]
+        assert 0 < busy_ms * row["steps_per_second"] < 1_000 * 1.05, row  # a step's parts fit in its share of a second
         assert 0.5 < row["server_tokens_per_second"] / row["tokens_per_second"] < 2, row  # the same tokens, both ends
     summary = out.with_suffix(".md").read_text()
-    assert "| phase | mode | server tokens/s | steps/s | slots busy | GPU stepping |" in summary
+    assert "| phase | mode | server tokens/s | steps/s | slots busy | GPU stepping | wait ms | host ms | late ms |" in summary
     assert "| goal | measured | the most the GPU's floor allows | met |" in summary
     assert f"({floors['gpu_tokens_per_second']:.0f} tokens/s)" in summary
     assert out.with_suffix(".png").stat().st_size > 10_000

@@ -22,10 +22,15 @@ launches step N+1. That gap, and what the loop gets done while the GPU works, ar
 waiting decides (``mode``):
 
 ``aiogpu``           ``await event`` (``auto``): the loop serves clients meanwhile.
+``aiogpu-poll``      ``await event.wait(strategy="poll")``: the same, with no thread at all.
 ``aiogpu-thread``    ``await event.wait(strategy="thread")``: nothing watches on the loop.
 ``aiogpu-callback``  ``await event.wait(strategy="callback")``: the GPU rings a doorbell.
 ``to_thread``        ``await asyncio.to_thread(event.synchronize)``: a thread hand-off per step.
 ``blocking``         ``event.synchronize()`` on the loop: nothing else runs until the step ends.
+
+The engine counts where a step's time goes on the host: ``waited_s`` from each launch to the
+scheduler running again after its wait (the GPU's time plus how late the wait noticed), and
+``host_s`` from there to the next launch (handing out tokens, admitting requests, launching).
 
 ``Engine.measure_floors`` times the least a step can take, to read the load test's tokens/s
 against (``python engine.py --floors`` prints them as JSON).
@@ -46,7 +51,7 @@ from aiogpu.testing import SimulatedDriver, launch_spin
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-MODES = ("aiogpu", "aiogpu-thread", "aiogpu-callback", "to_thread", "blocking")
+MODES = ("aiogpu", "aiogpu-poll", "aiogpu-thread", "aiogpu-callback", "to_thread", "blocking")
 VOCABULARY = 32_000
 END_OF_TEXT = 2  # a request stops at this token or at its max_tokens, whichever comes first
 PAD = 0
@@ -82,6 +87,7 @@ class _Step:
     event: aiogpu.Event
     owners: list[Request | None]  # each slot's request when the step was launched
     read_tokens: Callable[[], list[int]]
+    launched: float  # time.perf_counter() once it was enqueued
 
 
 class Engine:
@@ -112,6 +118,8 @@ class Engine:
         self._scheduler: asyncio.Task[None] | None = None
         self.steps = 0
         self.tokens_generated = 0
+        self.waited_s = 0.0  # summed over steps: launch to the scheduler running after the wait
+        self.host_s = 0.0  # summed over steps followed at once by another: wait's end to that launch
 
     # -- the server's side ---------------------------------------------------------------------
     def submit(self, prompt: list[int], max_tokens: int) -> Request:
@@ -210,8 +218,12 @@ class Engine:
                 step = self._launch()
             self._admit()  # while step N runs: waiting requests take free slots for step N+1
             await self._wait(step.event)
+            woke = time.perf_counter()
+            self.waited_s += woke - step.launched
             self._deliver(step)
             step = self._launch() if any(self._owners) else None
+            if step is not None:
+                self.host_s += step.launched - woke
 
     def _admit(self) -> None:
         for slot, owner in enumerate(self._owners):
@@ -227,7 +239,7 @@ class Engine:
         read_tokens = self._model.launch([owner is not None for owner in self._owners])
         self.stream.record(self._done)
         self.steps += 1
-        return _Step(self._done, list(self._owners), read_tokens)
+        return _Step(self._done, list(self._owners), read_tokens, time.perf_counter())
 
     async def _wait(self, event: aiogpu.Event) -> None:
         if self.mode == "aiogpu":

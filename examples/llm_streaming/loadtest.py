@@ -52,31 +52,40 @@ from loadtools import call_json, cpu_list, cpu_seconds, free_port, percentile, p
 
 START_MARGIN = 1.0  # seconds for the worker processes to be ready before a phase starts
 METRICS = ("tokens_per_second", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "health_p99_ms", "cpu_cores", "errors")
-SERVER_METRICS = ("server_tokens_per_second", "steps_per_second", "slots_busy")
+SERVER_METRICS = ("server_tokens_per_second", "steps_per_second", "slots_busy", "wait_ms_per_step", "host_ms_per_step")
 
 
 def engine_counters(port: int) -> dict[str, float] | None:
-    """The server's own counters (``/stats``): steps, tokens decoded and its uptime; ``None`` if
-    the server does not answer (the phase then counts its failed streams as errors)."""
+    """The server's own counters (``/stats``): steps, tokens decoded, the host's time waiting for
+    steps and between them, and its uptime; ``None`` if the server does not answer (the phase
+    then counts its failed streams as errors)."""
     try:
         stats: dict[str, float] = call_json(port, "/stats", timeout=30)  # type: ignore[assignment]
     except (OSError, ValueError, RuntimeError):
         return None
-    return {"steps": stats["steps"], "tokens": stats["tokens"], "uptime_s": stats["uptime_s"]}
+    return {key: stats[key] for key in ("steps", "tokens", "waited_s", "host_s", "uptime_s")}
 
 
 def server_side(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float]:
     """What the server did between two samples of its counters: tokens it decoded a second (sent
-    or not), steps a second, and the slots busy in an average step (NaN where a sample failed)."""
+    or not), steps a second, the slots busy in an average step, and the milliseconds an average
+    step spent from its launch to the scheduler running after its wait, and from there to the
+    next launch (NaN where a sample failed)."""
     if before is None or after is None:
         return dict.fromkeys(SERVER_METRICS, float("nan"))
     seconds = after["uptime_s"] - before["uptime_s"]
     steps = after["steps"] - before["steps"]
     tokens = after["tokens"] - before["tokens"]
+
+    def per_step_ms(counter: str) -> float:
+        return (after[counter] - before[counter]) / steps * 1e3 if steps else 0.0
+
     return {
         "server_tokens_per_second": tokens / seconds,
         "steps_per_second": steps / seconds,
         "slots_busy": tokens / steps if steps else 0.0,
+        "wait_ms_per_step": per_step_ms("waited_s"),
+        "host_ms_per_step": per_step_ms("host_s"),
     }
 
 
@@ -332,20 +341,28 @@ def server_table(
 ) -> list[str]:
     """Markdown: what each server did in the measured window, from its own counters. With the
     floors, the share of the window its GPU spent stepping (steps a second times the GPU's own
-    time a step): near 1 the GPU is the bottleneck, whatever the way of waiting."""
+    time a step): near 1 the GPU is the bottleneck, whatever the way of waiting; and how late an
+    average wait ended (its time less the GPU's time a step)."""
     step = floors["gpu_step_s"] if floors else None
 
     def cells(m: dict[str, float]) -> str:
         figures = f"{m['server_tokens_per_second']:.0f} | {m['steps_per_second']:.0f} | {m['slots_busy']:.1f}"
-        return figures if step is None else f"{figures} | {m['steps_per_second'] * step:.0%}"
+        split = f"{m['wait_ms_per_step']:.2f} | {m['host_ms_per_step']:.2f}"
+        if step is None:
+            return f"{figures} | {split}"
+        return f"{figures} | {m['steps_per_second'] * step:.0%} | {split} | {m['wait_ms_per_step'] - step * 1e3:.2f}"
 
     return [
         "What the servers did (their own counters; medians): tokens decoded a second, steps a second, "
         "slots busy in an average step"
-        + (", and the share of the time the GPU was stepping (steps a second times its time a step, above)." if step else "."),
+        + (", the share of the time the GPU was stepping (steps a second times its time a step, above)" if step else "")
+        + "; and an average step's milliseconds on the host: from its launch to the scheduler running after its wait, "
+        "then from there to the next launch (tokens handed out, requests admitted, the next step launched)"
+        + ("; and how late the wait ended: its time less the GPU's time a step." if step else "."),
         "",
-        "| phase | mode | server tokens/s | steps/s | slots busy |" + (" GPU stepping |" if step else ""),
-        "|---|---|---:|---:|---:|" + ("---:|" if step else ""),
+        "| phase | mode | server tokens/s | steps/s | slots busy |"
+        + (" GPU stepping | wait ms | host ms | late ms |" if step else " wait ms | host ms |"),
+        "|---|---|---:|---:|---:|" + ("---:|---:|---:|---:|" if step else "---:|---:|"),
         *table_rows(median, modes, phases, SERVER_METRICS, cells),
     ]
 

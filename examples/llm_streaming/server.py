@@ -5,7 +5,7 @@ POST /generate {"prompt": [token ids], "max_tokens": n} answers with server-sent
 cancels its request: its slot is free for the next step. GET /health answers from the same
 event loop (``aiogpu.pending_waits`` tells it whether a GPU wait is stuck); GET /stats gives the
 engine's counters. The model and the scheduler are in ``engine.py``; ``--mode`` picks how the
-scheduler waits for each step (aiogpu, aiogpu-thread, aiogpu-callback, to_thread, blocking).
+scheduler waits for each step (``engine.MODES``).
 
 Run:  python examples/llm_streaming/server.py [--mode aiogpu] [--port 8000]
 Load: python examples/llm_streaming/loadtest.py
@@ -84,6 +84,8 @@ def create_app(engine: Engine) -> FastAPI:
             "mode": engine.mode,
             "steps": engine.steps,
             "tokens": engine.tokens_generated,
+            "waited_s": engine.waited_s,
+            "host_s": engine.host_s,
             "slots_in_use": engine.slots_in_use,
             "waiting": engine.waiting,
             "uptime_s": time.monotonic() - started,
