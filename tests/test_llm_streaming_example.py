@@ -266,15 +266,21 @@ def test_the_servers_own_counters_give_its_rates(monkeypatch: pytest.MonkeyPatch
     monkeypatch.syspath_prepend(str(STREAMING))
     import loadtest  # examples/llm_streaming/loadtest.py
 
-    before = {"steps": 100, "tokens": 6_000, "waited_s": 0.5, "host_s": 0.0625, "uptime_s": 10.0}
-    after = {"steps": 600, "tokens": 30_000, "waited_s": 2.5, "host_s": 0.1875, "uptime_s": 12.5}
+    bins = {"wait_bin_s": 0.001}
+    before = {"steps": 100, "tokens": 6_000, "waited_s": 0.5, "host_s": 0.0625, "uptime_s": 10.0, **bins}
+    before["wait_bins"] = {3: 40, 4: 60}
+    after = {"steps": 600, "tokens": 30_000, "waited_s": 2.5, "host_s": 0.1875, "uptime_s": 12.5, **bins}
+    after["wait_bins"] = {3: 40, 4: 555, 9: 5}  # 500 steps since: 495 in [4, 5) ms, then 5 in [9, 10)
     assert loadtest.server_side(before, after) == {
         "server_tokens_per_second": 9_600.0,
         "steps_per_second": 200.0,
         "slots_busy": 48.0,
         "wait_ms_per_step": 4.0,
+        "wait_p99_ms": pytest.approx(5.0),
         "host_ms_per_step": 0.25,
     }
+    after["wait_bins"][9] = 6  # one more slow step: the 99th percentile falls among the slow ones
+    assert loadtest.server_side(before, after)["wait_p99_ms"] == pytest.approx(10.0)
     idle = loadtest.server_side(before, {**before, "uptime_s": 11.0})
     assert idle == dict.fromkeys(loadtest.SERVER_METRICS, 0.0)
 
@@ -319,11 +325,15 @@ def test_the_load_test_reports_every_mode(tmp_path: Path) -> None:
         assert row["cpu_cores"] > 0, row
         assert 0 < row["slots_busy"] <= 8, row
         assert 0 < row["steps_per_second"] * floors["gpu_step_s"] < 1.1, row  # no faster than the GPU steps
+        assert row["wait_p99_ms"] >= row["wait_ms_per_step"] * 0.5, row  # binned, but from the same waits
         busy_ms = row["wait_ms_per_step"] + row["host_ms_per_step"]
         assert 0 < busy_ms * row["steps_per_second"] < 1_000 * 1.05, row  # a step's parts fit in its share of a second
         assert 0.5 < row["server_tokens_per_second"] / row["tokens_per_second"] < 2, row  # the same tokens, both ends
     summary = out.with_suffix(".md").read_text()
-    assert "| phase | mode | server tokens/s | steps/s | slots busy | GPU stepping | wait ms | host ms | late ms |" in summary
+    header = (
+        "| phase | mode | server tokens/s | steps/s | slots busy | GPU stepping | wait ms | wait p99 ms | host ms | late ms |"
+    )
+    assert header in summary
     assert "| goal | measured | the most the GPU's floor allows | met |" in summary
     assert f"({floors['gpu_tokens_per_second']:.0f} tokens/s)" in summary
     assert out.with_suffix(".png").stat().st_size > 10_000

@@ -30,7 +30,8 @@ waiting decides (``mode``):
 
 The engine counts where a step's time goes on the host: ``waited_s`` from each launch to the
 scheduler running again after its wait (the GPU's time plus how late the wait noticed), and
-``host_s`` from there to the next launch (handing out tokens, admitting requests, launching).
+``host_s`` from there to the next launch (handing out tokens, admitting requests, launching),
+and ``wait_bins`` how many waits took each quarter of a millisecond (``WAIT_BIN_S``).
 
 ``Engine.measure_floors`` times the least a step can take, to read the load test's tokens/s
 against (``python engine.py --floors`` prints them as JSON).
@@ -41,7 +42,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -56,6 +57,7 @@ VOCABULARY = 32_000
 END_OF_TEXT = 2  # a request stops at this token or at its max_tokens, whichever comes first
 PAD = 0
 SIMULATED_STEP_SECONDS = 0.004
+WAIT_BIN_S = 0.00025  # the width of ``Engine.wait_bins``' bins
 
 
 @dataclass
@@ -120,6 +122,7 @@ class Engine:
         self.tokens_generated = 0
         self.waited_s = 0.0  # summed over steps: launch to the scheduler running after the wait
         self.host_s = 0.0  # summed over steps followed at once by another: wait's end to that launch
+        self.wait_bins: Counter[int] = Counter()  # bin (waited // WAIT_BIN_S) -> steps
 
     # -- the server's side ---------------------------------------------------------------------
     def submit(self, prompt: list[int], max_tokens: int) -> Request:
@@ -220,6 +223,7 @@ class Engine:
             await self._wait(step.event)
             woke = time.perf_counter()
             self.waited_s += woke - step.launched
+            self.wait_bins[int((woke - step.launched) / WAIT_BIN_S)] += 1
             self._deliver(step)
             step = self._launch() if any(self._owners) else None
             if step is not None:

@@ -39,7 +39,7 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
@@ -52,7 +52,14 @@ from loadtools import call_json, cpu_list, cpu_seconds, free_port, percentile, p
 
 START_MARGIN = 1.0  # seconds for the worker processes to be ready before a phase starts
 METRICS = ("tokens_per_second", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "health_p99_ms", "cpu_cores", "errors")
-SERVER_METRICS = ("server_tokens_per_second", "steps_per_second", "slots_busy", "wait_ms_per_step", "host_ms_per_step")
+SERVER_METRICS = (
+    "server_tokens_per_second",
+    "steps_per_second",
+    "slots_busy",
+    "wait_ms_per_step",
+    "wait_p99_ms",
+    "host_ms_per_step",
+)
 
 
 def engine_counters(port: int) -> dict[str, float] | None:
@@ -63,14 +70,16 @@ def engine_counters(port: int) -> dict[str, float] | None:
         stats: dict[str, float] = call_json(port, "/stats", timeout=30)  # type: ignore[assignment]
     except (OSError, ValueError, RuntimeError):
         return None
-    return {key: stats[key] for key in ("steps", "tokens", "waited_s", "host_s", "uptime_s")}
+    counters = {key: stats[key] for key in ("steps", "tokens", "waited_s", "host_s", "wait_bin_s", "uptime_s")}
+    return {**counters, "wait_bins": {int(bin_): count for bin_, count in stats["wait_bins"].items()}}
 
 
-def server_side(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float]:
+def server_side(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, float]:
     """What the server did between two samples of its counters: tokens it decoded a second (sent
     or not), steps a second, the slots busy in an average step, and the milliseconds an average
-    step spent from its launch to the scheduler running after its wait, and from there to the
-    next launch (NaN where a sample failed)."""
+    step spent from its launch to the scheduler running after its wait (and the 99th percentile
+    of that, to the upper edge of its bin), and from there to the next launch (NaN where a sample
+    failed)."""
     if before is None or after is None:
         return dict.fromkeys(SERVER_METRICS, float("nan"))
     seconds = after["uptime_s"] - before["uptime_s"]
@@ -85,8 +94,23 @@ def server_side(before: dict[str, float] | None, after: dict[str, float] | None)
         "steps_per_second": steps / seconds,
         "slots_busy": tokens / steps if steps else 0.0,
         "wait_ms_per_step": per_step_ms("waited_s"),
+        "wait_p99_ms": binned_percentile(after["wait_bins"], before["wait_bins"], after["wait_bin_s"], 0.99) * 1e3,
         "host_ms_per_step": per_step_ms("host_s"),
     }
+
+
+def binned_percentile(after: dict[int, int], before: dict[int, int], width: float, share: float) -> float:
+    """The ``share`` percentile, in seconds, of the waits counted in ``after`` and not in
+    ``before`` (``Engine.wait_bins``, bins ``width`` seconds wide): the upper edge of the bin it
+    falls in; 0 with none."""
+    counts = {bin_: count - before.get(bin_, 0) for bin_, count in after.items()}
+    total = sum(counts.values())
+    seen = 0
+    for bin_ in sorted(counts):
+        seen += counts[bin_]
+        if total and seen >= share * total:
+            return (bin_ + 1) * width
+    return 0.0
 
 
 def load_worker(url: str, started: float, window: tuple[float, float], drain: float, plan: dict[str, float]) -> dict[str, object]:
@@ -347,7 +371,7 @@ def server_table(
 
     def cells(m: dict[str, float]) -> str:
         figures = f"{m['server_tokens_per_second']:.0f} | {m['steps_per_second']:.0f} | {m['slots_busy']:.1f}"
-        split = f"{m['wait_ms_per_step']:.2f} | {m['host_ms_per_step']:.2f}"
+        split = f"{m['wait_ms_per_step']:.2f} | {m['wait_p99_ms']:.2f} | {m['host_ms_per_step']:.2f}"
         if step is None:
             return f"{figures} | {split}"
         return f"{figures} | {m['steps_per_second'] * step:.0%} | {split} | {m['wait_ms_per_step'] - step * 1e3:.2f}"
@@ -356,13 +380,13 @@ def server_table(
         "What the servers did (their own counters; medians): tokens decoded a second, steps a second, "
         "slots busy in an average step"
         + (", the share of the time the GPU was stepping (steps a second times its time a step, above)" if step else "")
-        + "; and an average step's milliseconds on the host: from its launch to the scheduler running after its wait, "
-        "then from there to the next launch (tokens handed out, requests admitted, the next step launched)"
-        + ("; and how late the wait ended: its time less the GPU's time a step." if step else "."),
+        + "; and an average step's milliseconds on the host: from its launch to the scheduler running after its wait "
+        "(and that wait's p99), then from there to the next launch (tokens handed out, requests admitted, the next "
+        "step launched)" + ("; and how late the wait ended: its time less the GPU's time a step." if step else "."),
         "",
         "| phase | mode | server tokens/s | steps/s | slots busy |"
-        + (" GPU stepping | wait ms | host ms | late ms |" if step else " wait ms | host ms |"),
-        "|---|---|---:|---:|---:|" + ("---:|---:|---:|---:|" if step else "---:|---:|"),
+        + (" GPU stepping | wait ms | wait p99 ms | host ms | late ms |" if step else " wait ms | wait p99 ms | host ms |"),
+        "|---|---|---:|---:|---:|" + ("---:|---:|---:|---:|---:|" if step else "---:|---:|---:|"),
         *table_rows(median, modes, phases, SERVER_METRICS, cells),
     ]
 

@@ -24,7 +24,7 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 import uvicorn
-from engine import MODES, Engine, ModelShape
+from engine import MODES, WAIT_BIN_S, Engine, ModelShape
 from fastapi import FastAPI, HTTPException
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
@@ -86,6 +86,8 @@ def create_app(engine: Engine) -> FastAPI:
             "tokens": engine.tokens_generated,
             "waited_s": engine.waited_s,
             "host_s": engine.host_s,
+            "wait_bins": engine.wait_bins,
+            "wait_bin_s": WAIT_BIN_S,
             "slots_in_use": engine.slots_in_use,
             "waiting": engine.waiting,
             "uptime_s": time.monotonic() - started,
