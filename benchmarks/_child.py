@@ -37,6 +37,9 @@ RESULTS = {
     "goals": "goals.json",
 }
 _PATCHES_VARIABLE = "AIOGPU_BENCH_PATCHES"
+#: Where ``_patch_site``'s ``sitecustomize`` appends what each process it patched changed.
+APPLIED_VARIABLE = "AIOGPU_BENCH_APPLIED"
+PATCH_SITE = Path(__file__).resolve().parent / "_patch_site"
 #: A patch whose module is this sets an environment variable of the child instead, before the
 #: child imports aiogpu (which reads some settings from the environment).
 ENVIRON = "environ"
@@ -119,6 +122,27 @@ def run(
     return result
 
 
+def patched_environment(patches: list[tuple[str, str, Any]], record: Path) -> dict[str, str]:
+    """This process's environment for a process tree every Python process of which makes
+    ``patches`` (encoded, as ``run`` takes them) as it starts, ahead of its own code: a server
+    started by a load test too. ``PATCH_SITE`` (its ``sitecustomize``) and the benchmarks' root
+    lead ``PYTHONPATH``; each process that made changes appends a JSON line to ``record``: its
+    ``argv`` and the changes (``_apply``)."""
+    environment = dict(os.environ)
+    inherited = environment.get("PYTHONPATH", "")
+    root = PATCH_SITE.parent.parent
+    environment["PYTHONPATH"] = os.pathsep.join([str(PATCH_SITE), str(root), *filter(None, inherited.split(os.pathsep))])
+    environment[_PATCHES_VARIABLE] = json.dumps(patches)
+    environment[APPLIED_VARIABLE] = str(record)
+    return environment
+
+
+def apply_started_patches() -> list[dict[str, Any]]:
+    """Make the changes this process was started with (``run``, ``patched_environment``);
+    returns what changed (``_apply``)."""
+    return _apply([(module, attribute, _decode(value)) for module, attribute, value in patches_started_with()])
+
+
 def patches_started_with() -> list[Any]:
     """The changes this process was started with by ``run`` (as ``run`` takes them: encoded),
     for a child of its own to make too."""
@@ -188,10 +212,7 @@ def encode(value: Any) -> Any:
 def _main() -> None:
     module, arguments = sys.argv[1], sys.argv[2:]
     out = Path(arguments[arguments.index("--out") + 1])
-    patches = [
-        (module, attribute, _decode(value)) for module, attribute, value in json.loads(os.environ.get(_PATCHES_VARIABLE, "[]"))
-    ]
-    applied = _apply(patches)
+    applied = apply_started_patches()
     import aiogpu
 
     (out / "child.json").write_text(

@@ -30,6 +30,10 @@ LOWER_IS_BETTER = {
     "other threads' CPU µs/wait": True,
     "speed-up": False,
     "wall / overlap floor": True,
+    "req/s": False,
+    "p99 ms": True,
+    "max ms": True,
+    "handler p99 ms": True,
 }
 
 

@@ -20,8 +20,22 @@ import pytest
 import aiogpu
 from aiogpu._wait import _backends
 from aiogpu.testing import SimulatedDriver
-from benchmarks import _child, _metrics, ablation, baselines, compare, faults, goals, handoff, host_functions, least_waiter, wake
+from benchmarks import (
+    _child,
+    _metrics,
+    ablation,
+    baselines,
+    compare,
+    faults,
+    goals,
+    handoff,
+    host_functions,
+    least_waiter,
+    serving_ablation,
+    wake,
+)
 from tests.conftest import gpu_unavailable_reason
+from tests.helpers import ENVIRONMENT
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -509,6 +523,92 @@ def test_a_child_sets_an_environment_patch_before_it_imports_aiogpu() -> None:
     finally:
         os.environ.pop("AIOGPU_BENCH_TEST_SETTING", None)
     assert applied == [{"module": "environ", "attribute": "AIOGPU_BENCH_TEST_SETTING", "was": "None", "now": "'1'"}]
+
+
+#: Stands in for ``wrk`` where there is none: posts the script's body for a moment, one request at
+#: a time, and reports what it saw in ``wrk --latency``'s format.
+FAKE_WRK = """import json, re, sys, time, urllib.request
+script, url = sys.argv[sys.argv.index("-s") + 1], sys.argv[-1]
+body = json.loads(re.search(r"wrk.body = (.*)", open(script).read()).group(1)).encode()
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+latencies, started = [], time.perf_counter()
+while time.perf_counter() - started < 0.3:
+    sent = time.perf_counter()
+    request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+    opener.open(request, timeout=10).read()
+    latencies.append((time.perf_counter() - sent) * 1e3)
+elapsed, ordered = time.perf_counter() - started, sorted(latencies)
+print(f"  Thread Stats   Avg      Stdev     Max   +/- Stdev")
+print(f"    Latency   {sum(ordered) / len(ordered):.2f}ms   0.00ms   {ordered[-1]:.2f}ms   90.00%")
+print("  Latency Distribution")
+print(f"     50%   {ordered[len(ordered) // 2]:.2f}ms")
+print(f"     99%   {ordered[int(0.99 * (len(ordered) - 1))]:.2f}ms")
+print(f"Requests/sec:   {len(ordered) / elapsed:.2f}")
+"""
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.slow
+def test_the_serving_ablation_switches_a_heuristic_off_inside_the_server(tmp_path: Path) -> None:
+    wrk = tmp_path / "wrk"
+    wrk.write_text(f"#!{sys.executable}\n{FAKE_WRK}")
+    wrk.chmod(0o755)
+    out = tmp_path / "ablation"
+    run = run_on_the_simulated_device(
+        "serving_ablation",
+        out,
+        220,
+        *("--rounds", "1", "--heuristics", "busy-loop look", "--", "--wrk", str(wrk), "--warmup", "1", "--seconds", "1"),
+        quick=False,
+    )
+    result = json.loads((out / "ablation.json").read_text())
+    assert [r["configuration"] for r in result["runs"]] == ["all on", "busy-loop look", "all on"]
+    assert result["environment"]["simulated"] is True
+    patched = {r["configuration"]: r["patches"] for r in result["runs"]}
+    assert patched["all on"] == []
+    (busy_look,) = patched["busy-loop look"]  # as the server recorded it
+    assert (busy_look["module"], busy_look["attribute"], busy_look["now"]) == ("aiogpu._wait._policy", "BUSY_SHARE", "inf")
+    for run_ in result["runs"]:
+        values = {metric: value for _, metric, value in run_["metrics"]}
+        assert set(values) == {"req/s", "p99 ms", "max ms", "handler p99 ms"}
+        assert values["req/s"] > 0
+        assert values["max ms"] >= values["p99 ms"] > 0
+        assert values["handler p99 ms"] > 0
+    (row,) = result["table"]
+    assert row["verdict"] == "too few runs to judge"  # one run off against two all on
+    summary = (out / "ablation.md").read_text()
+    assert summary.startswith("# Ablation of the wake engine's heuristics, `benchmarks.serving_ablation`: SIMULATED")
+    assert "| busy-loop look | `BUSY_SHARE = inf` | too few runs to judge |" in summary
+    assert "busy-loop look               too few runs to judge" in run.stdout
+
+
+def test_a_serving_ablation_run_fails_where_the_server_did_not_record_the_change(tmp_path: Path) -> None:
+    record = tmp_path / "applied.jsonl"
+    expected = ablation.HEURISTICS["busy-loop look"]
+    with pytest.raises(RuntimeError, match="no per_request_server.py process recorded"):
+        serving_ablation.check_applied(record, expected)  # no record at all
+    change = {"module": "aiogpu._wait._policy", "attribute": "BUSY_SHARE", "was": "0.5", "now": "inf"}
+    record.write_text(json.dumps({"argv": ["python", "loadtest_wrk.py"], "applied": [change]}) + "\n")
+    with pytest.raises(RuntimeError, match="no per_request_server.py process recorded"):
+        serving_ablation.check_applied(record, expected)  # only the load test made it
+    with record.open("a") as file:
+        file.write(json.dumps({"argv": ["python", "/x/per_request_server.py", "--mode", "aiogpu"], "applied": [change]}) + "\n")
+    assert serving_ablation.check_applied(record, expected) == [change]
+
+
+def test_a_patched_environment_makes_the_changes_in_every_python_process_it_starts(tmp_path: Path) -> None:
+    record = tmp_path / "applied.jsonl"
+    patches = [(_child.POLICY, "BUSY_SHARE", _child.encode(float("inf")))]
+    environment = _child.patched_environment(patches, record)
+    show = "import aiogpu._wait._policy as p; print(p.BUSY_SHARE)"
+    child = subprocess.run([sys.executable, "-c", show], env=environment, capture_output=True, text=True, check=True)
+    assert child.stdout.strip() == "inf"
+    (line,) = record.read_text().splitlines()
+    entry = json.loads(line)
+    assert entry["argv"][-2:] == ["-c", show]
+    assert [(c["attribute"], c["now"]) for c in entry["applied"]] == [("BUSY_SHARE", "inf")]
+    plain = subprocess.run([sys.executable, "-c", show], env=ENVIRONMENT, capture_output=True, text=True, check=True)
+    assert plain.stdout.strip() == "0.5"  # without it, the engine's own value
 
 
 def test_the_ablation_judges_only_where_chance_alone_would_seldom_flag() -> None:
