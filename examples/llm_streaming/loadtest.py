@@ -62,12 +62,12 @@ SERVER_METRICS = (
 )
 
 
-def engine_counters(port: int) -> dict[str, float] | None:
+def engine_counters(port: int) -> dict[str, Any] | None:
     """The server's own counters (``/stats``): steps, tokens decoded, the host's time waiting for
     steps and between them, and its uptime; ``None`` if the server does not answer (the phase
     then counts its failed streams as errors)."""
     try:
-        stats: dict[str, float] = call_json(port, "/stats", timeout=30)  # type: ignore[assignment]
+        stats: dict[str, Any] = call_json(port, "/stats", timeout=30)  # type: ignore[assignment]
     except (OSError, ValueError, RuntimeError):
         return None
     counters = {key: stats[key] for key in ("steps", "tokens", "waited_s", "host_s", "wait_bin_s", "uptime_s")}
