@@ -247,12 +247,22 @@ def main(arguments: argparse.Namespace, bench_arguments: list[str]) -> dict[str,
             "runs": runs,
             "table": verdicts(runs),
         }
-        (out / "ablation.json").write_text(json.dumps(result, indent=1, default=repr))  # a cut-off run keeps what it has
-        (out / "ablation.md").write_text(markdown(result))
+        write(out, result)  # after every run: a cut-off run keeps what it has
+    finish(out, result, started)
+    return result
+
+
+def write(out: Path, result: dict[str, Any]) -> None:
+    """``ablation.json`` and ``ablation.md`` in ``out``."""
+    (out / "ablation.json").write_text(json.dumps(result, indent=1, default=repr))
+    (out / "ablation.md").write_text(markdown(result))
+
+
+def finish(out: Path, result: dict[str, Any], started: float) -> None:
+    """Print each heuristic's verdict and where the results are (``started``: perf_counter)."""
     for row in result["table"]:
         print(f"{row['heuristic']:28} {row['verdict']}", flush=True)
     print(f"wrote {out / 'ablation.json'}, {out / 'ablation.md'} in {time.perf_counter() - started:.0f} s")
-    return result
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:

@@ -118,11 +118,8 @@ def main(arguments: argparse.Namespace, load_arguments: list[str]) -> dict[str, 
             "runs": runs,
             "table": ablation.verdicts(runs),
         }
-        (out / "ablation.json").write_text(json.dumps(result, indent=1, default=repr))  # a cut-off run keeps what it has
-        (out / "ablation.md").write_text(ablation.markdown(result))
-    for verdict in result["table"]:
-        print(f"{verdict['heuristic']:28} {verdict['verdict']}", flush=True)
-    print(f"wrote {out / 'ablation.json'}, {out / 'ablation.md'} in {time.perf_counter() - started:.0f} s")
+        ablation.write(out, result)  # after every run: a cut-off run keeps what it has
+    ablation.finish(out, result, started)
     return result
 
 
