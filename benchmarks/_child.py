@@ -92,11 +92,7 @@ def run(
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="aiogpu-bench-") as link_folder:  # the link never lands among the results
         (Path(link_folder) / "aiogpu").symlink_to(aiogpu_tree / "aiogpu", target_is_directory=True)
-        environment = dict(os.environ)
-        inherited = environment.get("PYTHONPATH", "")
-        environment["PYTHONPATH"] = os.pathsep.join(
-            [link_folder, str(benchmarks_tree), *filter(None, inherited.split(os.pathsep))]
-        )
+        environment = _path_first(link_folder, str(benchmarks_tree))
         environment["PYTHONUNBUFFERED"] = "1"
         environment[_PATCHES_VARIABLE] = json.dumps(patches or [])
         started = time.perf_counter()
@@ -128,12 +124,17 @@ def patched_environment(patches: list[tuple[str, str, Any]], record: Path) -> di
     started by a load test too. ``PATCH_SITE`` (its ``sitecustomize``) and the benchmarks' root
     lead ``PYTHONPATH``; each process that made changes appends a JSON line to ``record``: its
     ``argv`` and the changes (``_apply``)."""
-    environment = dict(os.environ)
-    inherited = environment.get("PYTHONPATH", "")
-    root = PATCH_SITE.parent.parent
-    environment["PYTHONPATH"] = os.pathsep.join([str(PATCH_SITE), str(root), *filter(None, inherited.split(os.pathsep))])
+    environment = _path_first(str(PATCH_SITE), str(PATCH_SITE.parent.parent))
     environment[_PATCHES_VARIABLE] = json.dumps(patches)
     environment[APPLIED_VARIABLE] = str(record)
+    return environment
+
+
+def _path_first(*folders: str) -> dict[str, str]:
+    """This process's environment with ``folders`` leading ``PYTHONPATH``, before what it held."""
+    environment = dict(os.environ)
+    inherited = environment.get("PYTHONPATH", "")
+    environment["PYTHONPATH"] = os.pathsep.join([*folders, *filter(None, inherited.split(os.pathsep))])
     return environment
 
 
@@ -144,8 +145,8 @@ def apply_started_patches() -> list[dict[str, Any]]:
 
 
 def patches_started_with() -> list[Any]:
-    """The changes this process was started with by ``run`` (as ``run`` takes them: encoded),
-    for a child of its own to make too."""
+    """The changes this process was started with by ``run`` or ``patched_environment`` (as they
+    take them: encoded), for a child of its own to make too."""
     patches: list[Any] = json.loads(os.environ.get(_PATCHES_VARIABLE, "[]"))
     return patches
 

@@ -222,8 +222,9 @@ class Engine:
             self._admit()  # while step N runs: waiting requests take free slots for step N+1
             await self._wait(step.event)
             woke = time.perf_counter()
-            self.waited_s += woke - step.launched
-            self.wait_bins[int((woke - step.launched) / WAIT_BIN_S)] += 1
+            waited = woke - step.launched
+            self.waited_s += waited
+            self.wait_bins[int(waited / WAIT_BIN_S)] += 1
             self._deliver(step)
             step = self._launch() if any(self._owners) else None
             if step is not None:
