@@ -8,6 +8,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -122,3 +123,35 @@ def armer_caught_up(timeout: float = 20.0) -> None:
     done = threading.Event()
     _helpers._armer().submit(done.set)
     assert done.wait(timeout)
+
+
+#: Stands in for ``wrk`` where there is none: posts the script's body for a moment, one request at
+#: a time, and reports what it saw as ``wrk --latency`` with ``loadtest_wrk``'s ``done`` hook does.
+FAKE_WRK = """import json, re, sys, time, urllib.request
+script, url = sys.argv[sys.argv.index("-s") + 1], sys.argv[-1]
+body = json.loads(re.search(r"wrk.body = (.*)", open(script).read()).group(1)).encode()
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+latencies, started = [], time.perf_counter()
+while time.perf_counter() - started < 0.3:
+    sent = time.perf_counter()
+    request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+    opener.open(request, timeout=10).read()
+    latencies.append((time.perf_counter() - sent) * 1e3)
+elapsed, ordered = time.perf_counter() - started, sorted(latencies)
+quantiles = [ordered[min(len(ordered) - 1, int(i / 1000 * len(ordered)))] for i in range(1, 1001)]
+print(f"  Thread Stats   Avg      Stdev     Max   +/- Stdev")
+print(f"    Latency   {sum(ordered) / len(ordered):.2f}ms   0.00ms   {ordered[-1]:.2f}ms   90.00%")
+print("  Latency Distribution")
+print(f"     50%   {ordered[len(ordered) // 2]:.2f}ms")
+print(f"     99%   {ordered[int(0.99 * (len(ordered) - 1))]:.2f}ms")
+print(f"Requests/sec:   {len(ordered) / elapsed:.2f}")
+print(f"slice: {len(ordered)} {int(elapsed * 1e6)} " + " ".join(str(int(q * 1e3)) for q in quantiles))
+"""
+
+
+def fake_wrk(folder: Path) -> Path:
+    """An executable ``FAKE_WRK`` in ``folder``."""
+    wrk = folder / "wrk"
+    wrk.write_text(f"#!{sys.executable}\n{FAKE_WRK}")
+    wrk.chmod(0o755)
+    return wrk

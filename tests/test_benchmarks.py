@@ -35,7 +35,7 @@ from benchmarks import (
     wake,
 )
 from tests.conftest import gpu_unavailable_reason
-from tests.helpers import ENVIRONMENT
+from tests.helpers import ENVIRONMENT, fake_wrk
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -525,34 +525,10 @@ def test_a_child_sets_an_environment_patch_before_it_imports_aiogpu() -> None:
     assert applied == [{"module": "environ", "attribute": "AIOGPU_BENCH_TEST_SETTING", "was": "None", "now": "'1'"}]
 
 
-#: Stands in for ``wrk`` where there is none: posts the script's body for a moment, one request at
-#: a time, and reports what it saw in ``wrk --latency``'s format.
-FAKE_WRK = """import json, re, sys, time, urllib.request
-script, url = sys.argv[sys.argv.index("-s") + 1], sys.argv[-1]
-body = json.loads(re.search(r"wrk.body = (.*)", open(script).read()).group(1)).encode()
-opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-latencies, started = [], time.perf_counter()
-while time.perf_counter() - started < 0.3:
-    sent = time.perf_counter()
-    request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
-    opener.open(request, timeout=10).read()
-    latencies.append((time.perf_counter() - sent) * 1e3)
-elapsed, ordered = time.perf_counter() - started, sorted(latencies)
-print(f"  Thread Stats   Avg      Stdev     Max   +/- Stdev")
-print(f"    Latency   {sum(ordered) / len(ordered):.2f}ms   0.00ms   {ordered[-1]:.2f}ms   90.00%")
-print("  Latency Distribution")
-print(f"     50%   {ordered[len(ordered) // 2]:.2f}ms")
-print(f"     99%   {ordered[int(0.99 * (len(ordered) - 1))]:.2f}ms")
-print(f"Requests/sec:   {len(ordered) / elapsed:.2f}")
-"""
-
-
 @pytest.mark.timeout(240)
 @pytest.mark.slow
 def test_the_serving_ablation_switches_a_heuristic_off_inside_the_server(tmp_path: Path) -> None:
-    wrk = tmp_path / "wrk"
-    wrk.write_text(f"#!{sys.executable}\n{FAKE_WRK}")
-    wrk.chmod(0o755)
+    wrk = fake_wrk(tmp_path)
     out = tmp_path / "ablation"
     run = run_on_the_simulated_device(
         "serving_ablation",

@@ -7,6 +7,7 @@ the FastAPI one in all three modes.
 from __future__ import annotations
 
 import gc
+import json
 import subprocess
 import sys
 import time
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ENVIRONMENT, call, running_server
+from tests.helpers import ENVIRONMENT, call, fake_wrk, running_server
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
@@ -275,19 +276,97 @@ def test_the_wrk_summary_gives_every_run_of_every_mode(monkeypatch: pytest.Monke
     monkeypatch.syspath_prepend(str(SERVING))
     import loadtest_wrk  # examples/serving/loadtest_wrk.py
 
-    def row(mode: str, rate: float, p99: float, wait_p99: float) -> dict[str, object]:
+    def row(mode: str, repeat: int, rates: list[float], p99s: list[float], wait_p99: float) -> dict[str, object]:
         parts = {part: {"p50_ms": 0.5, "p99_ms": 1.0, "max_ms": 2.0} for part in ("stream", "enqueue", "read", "total")}
         parts["wait"] = {"p50_ms": 1.0, "p99_ms": wait_p99, "max_ms": 9.0}
-        figures = {"requests_per_second": rate, "p50_ms": 100.0, "p99_ms": p99, "max_ms": 400.0, "timeouts": 0, "non_2xx": 0}
-        return {"mode": mode, "cpu_cores": 1.0, **figures, "phases": parts}
+        slices = [
+            {"round": n, "requests_per_second": rate, "p99_ms": p99}
+            for n, (rate, p99) in enumerate(zip(rates, p99s, strict=True))
+        ]
+        figures = {"requests_per_second": sum(rates) / len(rates), "p50_ms": 100.0, "p99_ms": max(p99s), "max_ms": 400.0}
+        return {
+            "repeat": repeat,
+            "mode": mode,
+            "cpu_cores": 1.0,
+            **figures,
+            "timeouts": 0,
+            "non_2xx": 0,
+            "phases": parts,
+            "slices": slices,
+        }
 
-    rows = [row("aiogpu", 590.4, 222.0, 5.5), row("to_thread", 538.0, 163.0, 4.0), row("aiogpu", 597.0, 156.0, 6.3)]
+    rows = [
+        row("aiogpu", 0, [600.0, 580.8], [200.0, 222.0], 5.5),
+        row("to_thread", 0, [550.0, 590.0], [210.0, 163.0], 4.0),
+        row("aiogpu", 1, [597.0, 597.0], [156.0, 150.0], 6.3),  # no to_thread in this repeat: no rounds
+    ]
     lines = loadtest_wrk.summarize(rows).splitlines()
     assert lines[2] == "| aiogpu | 590, 597 | 100, 100 | 222, 156 | 400, 400 | 0, 0 | 0, 0 | 1.00, 1.00 |"
-    assert lines[3] == "| to_thread | 538 | 100 | 163 | 400 | 0 | 0 | 1.00 |"
-    assert lines[7:9] == ["| way of waiting | stream | enqueue | wait | read | total |", "|---|---|---|---|---|---|"]
-    assert lines[9] == "| aiogpu | 1.0, 1.0 | 1.0, 1.0 | 5.5, 6.3 | 1.0, 1.0 | 1.0, 1.0 |"
-    assert lines[10] == "| to_thread | 1.0 | 1.0 | 4.0 | 1.0 | 1.0 |"
+    assert lines[3] == "| to_thread | 570 | 100 | 210 | 400 | 0 | 0 | 1.00 |"
+    assert lines[5] == "Rounds against `to_thread` (its slice of the same round, seconds apart): more req/s; lower p99:"
+    assert lines[7] == "- aiogpu: 1 and 1 of 2"  # round 0 more and lower; round 1 neither
+    assert lines[11:13] == ["| way of waiting | stream | enqueue | wait | read | total |", "|---|---|---|---|---|---|"]
+    assert lines[13] == "| aiogpu | 1.0, 1.0 | 1.0, 1.0 | 5.5, 6.3 | 1.0, 1.0 | 1.0, 1.0 |"
+    assert lines[14] == "| to_thread | 1.0 | 1.0 | 4.0 | 1.0 | 1.0 |"
+    assert loadtest_wrk.rounds_won(rows, rows[1]) is None  # the reference itself
+    assert loadtest_wrk.rounds_won(rows, rows[2]) is None  # no reference in its repeat
+
+
+def test_the_wrk_load_test_pools_a_modes_slices_by_their_requests(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(SERVING))
+    import loadtest_wrk  # examples/serving/loadtest_wrk.py
+
+    def piece(requests: int, seconds: float, latency_ms: float, **more: float) -> dict[str, object]:
+        figures = {"max_ms": latency_ms, "timeouts": 0, "non_2xx": 0, "cpu_seconds": seconds, "wall_seconds": 2 * seconds}
+        return {"requests": requests, "seconds": seconds, "quantiles_ms": [latency_ms] * 4, **figures, **more}
+
+    # 900 requests at 10 ms and 100 at 500 ms: the pooled p99 is the slow slice's, the p50 the fast one's.
+    pooled = loadtest_wrk.pool([piece(900, 2.0, 10.0, timeouts=3), piece(100, 2.0, 500.0, non_2xx=1)])
+    assert pooled == {
+        "requests_per_second": 250.0,
+        "p50_ms": 10.0,
+        "p99_ms": 500.0,
+        "max_ms": 500.0,
+        "timeouts": 3,
+        "non_2xx": 1,
+        "cpu_cores": 0.5,
+    }
+    # 995 fast and 5 slow: under 1 % slow, so the p99 stays the fast one's.
+    assert loadtest_wrk.pool([piece(995, 2.0, 10.0), piece(5, 2.0, 500.0)])["p99_ms"] == 10.0
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.slow
+def test_the_wrk_load_test_interleaves_every_modes_slices(tmp_path: Path) -> None:
+    out = tmp_path / "wrk.json"
+    command = [
+        sys.executable,
+        str(SERVING / "loadtest_wrk.py"),
+        "--wrk",
+        str(fake_wrk(tmp_path)),
+        "--modes",
+        "aiogpu",
+        "to_thread",
+    ]
+    result = subprocess.run(
+        [*command, "--repeats", "1", "--slices", "2", "--seconds", "1", "--warmup", "1", "--out", str(out)],
+        env=ENVIRONMENT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = json.loads(out.read_text())
+    assert [row["mode"] for row in rows] == ["aiogpu", "to_thread"]
+    for row in rows:
+        assert row["server"] == f"serving on the simulated device (no GPU), waiting with {row['mode']}, streams lent by pool"
+        assert [piece["round"] for piece in row["slices"]] == [0, 1]
+        assert all(piece["requests"] > 0 and len(piece["quantiles_ms"]) == 1000 for piece in row["slices"])
+        assert row["requests_per_second"] > 0
+        assert row["max_ms"] >= row["p99_ms"] >= row["p50_ms"] > 0
+        assert row["phases"]["requests"] == sum(piece["requests"] for piece in row["slices"])  # the warm-up's were cleared
+    assert "- aiogpu: " in out.with_suffix(".md").read_text()
+    assert result.stdout.count("  slice ") == 4
 
 
 WRK_OUTPUT = """Running 8s test @ http://127.0.0.1:8000/predict
@@ -306,23 +385,31 @@ WRK_OUTPUT = """Running 8s test @ http://127.0.0.1:8000/predict
 Requests/sec:    515.37
 Transfer/sec:    128.00KB
 """
+#: What ``loadtest_wrk``'s ``done`` hook adds: requests, duration (µs), 1,000 latency quantiles (µs).
+SLICE_LINE = "slice: 4123 8000000 " + " ".join(str(100 * q) for q in range(1, 1001)) + "\n"
 
 
 def test_the_wrk_report_is_read_with_its_units(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(SERVING))
     import loadtest_wrk  # examples/serving/loadtest_wrk.py
 
-    assert loadtest_wrk.parse_wrk(WRK_OUTPUT) == {
-        "requests_per_second": 515.37,
+    figures = loadtest_wrk.parse_wrk(WRK_OUTPUT + SLICE_LINE)
+    quantiles = figures.pop("quantiles_ms")
+    assert figures == {
+        "requests": 4123,
+        "seconds": 8.0,
+        "requests_per_second": 4123 / 8.0,
         "p50_ms": 118.2,
         "p99_ms": 401.5,
         "max_ms": 1200.0,
         "timeouts": 6,
         "non_2xx": 2,
     }
-    assert (
-        loadtest_wrk.parse_wrk(WRK_OUTPUT.replace("  Socket errors: connect 0, read 0, write 0, timeout 6\n", ""))["timeouts"]
-        == 0
-    )
-    with pytest.raises(ValueError, match="Requests/sec"):
+    assert len(quantiles) == 1000
+    assert (quantiles[0], quantiles[-1]) == (0.1, 100.0)
+    without_timeouts = WRK_OUTPUT.replace("  Socket errors: connect 0, read 0, write 0, timeout 6\n", "") + SLICE_LINE
+    assert loadtest_wrk.parse_wrk(without_timeouts)["timeouts"] == 0
+    with pytest.raises(ValueError, match="slice"):
+        loadtest_wrk.parse_wrk(WRK_OUTPUT)  # a wrk run without the done hook
+    with pytest.raises(ValueError, match="slice"):
         loadtest_wrk.parse_wrk("wrk: connection refused")
