@@ -15,12 +15,12 @@ It reports, per repeat and mode, over all its slices: requests/s, latency p50 / 
 answers and the server's CPU (cores busy); how many rounds each mode served more requests with a
 lower p99 than ``to_thread`` in; and from the server's ``/stats`` how long the requests spent in
 each part of the server's work (waiting for a stream, enqueueing, awaiting the GPU, reading the
-outputs; where their mean falls short of wrk's, the rest went to the HTTP side and the loop's
-queue). Prints a line per slice and two per repeat and mode, and writes ``--out`` (JSON) and a
+outputs), and in the web app around that (reading and checking the body, writing the answer;
+where that falls short of wrk's latency, the request waited to be read or its answer to be sent). Prints a line per slice and two per repeat and mode, and writes ``--out`` (JSON) and a
 Markdown summary beside it.
 
 Run:  python examples/serving/loadtest_wrk.py [--wrk path/to/wrk] [--lend pool|queue] [--repeats 3]
-          [--slices 4] [--seconds 2]
+          [--slices 2] [--seconds 6]
 """
 
 from __future__ import annotations
@@ -45,8 +45,9 @@ from loadtools import call_json, cpu_list, cpu_seconds, free_port, pin, wait_unt
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-#: The parts of a request's time in the server (``/stats``), and their sum.
-PARTS = ("stream", "enqueue", "wait", "read", "total")
+#: The parts of a request's time in the server (``/stats``), their sum, and the web app's time
+#: around it.
+PARTS = ("stream", "enqueue", "wait", "read", "total", "app")
 UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3}
 #: The mode every other is compared with, round by round.
 REFERENCE = "to_thread"
@@ -310,8 +311,8 @@ if __name__ == "__main__":
     parser.add_argument("--modes", nargs="+", default=["aiogpu", "aiogpu-thread", "to_thread", "blocking"])
     parser.add_argument("--lend", choices=("pool", "queue"), default="pool")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--slices", type=int, default=4, help="rounds of one slice per mode, each repeat")
-    parser.add_argument("--seconds", type=int, default=2, help="each slice's length, whole seconds (wrk's unit)")
+    parser.add_argument("--slices", type=int, default=2, help="rounds of one slice per mode, each repeat")
+    parser.add_argument("--seconds", type=int, default=6, help="each slice's length, whole seconds (wrk's unit)")
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--server-cpus", help='pin the servers to these CPUs ("0-7"; default: no pinning)')

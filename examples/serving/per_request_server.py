@@ -33,7 +33,7 @@ import math
 import time
 from collections import deque
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from fastapi import FastAPI, HTTPException
@@ -43,7 +43,7 @@ import aiogpu
 from aiogpu.testing import SimulatedDriver, launch_spin
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable
+    from collections.abc import AsyncIterator, Awaitable, Callable
 
 MODES = ("aiogpu", "aiogpu-poll", "aiogpu-thread", "aiogpu-callback", "to_thread", "blocking")
 STREAMS = 8
@@ -62,10 +62,11 @@ class Prediction(BaseModel):
 
 
 class Phases:
-    """How long the last 100,000 answered requests spent in each of ``PHASES`` and in all."""
+    """How long the last 100,000 answered requests spent in each of ``PHASES`` and in all
+    (``total``), and in the web app (``app``: ``TimedApp``)."""
 
     def __init__(self) -> None:
-        self._seconds = {name: deque[float](maxlen=100_000) for name in (*PHASES, "total")}
+        self._seconds = {name: deque[float](maxlen=100_000) for name in (*PHASES, "total", "app")}
 
     def add(self, marks: list[float]) -> None:
         """One answered request: ``time.perf_counter()`` at its start and at the end of each phase."""
@@ -75,13 +76,20 @@ class Phases:
             self._seconds[name].append(end - begin)
         self._seconds["total"].append(marks[-1] - marks[0])
 
+    def add_app(self, seconds: float) -> None:
+        """One answer handed to the server ``seconds`` after the app was called for its request."""
+        self._seconds["app"].append(seconds)
+
     def clear(self) -> None:
         for seconds in self._seconds.values():
             seconds.clear()
 
     def summary(self) -> dict[str, object]:
-        """``{"requests": n, PHASE: {"mean_ms", "p50_ms", "p99_ms", "max_ms"}, ..., "total": {...}}``.
-        The phases' means add up to the total's; their percentiles do not."""
+        """``{"requests": n, PHASE: {"mean_ms", "p50_ms", "p99_ms", "max_ms"}, ..., "total": {...},
+        "app": {...}}``. The phases' means add up to the total's; their percentiles do not. The
+        app's time holds the total's and the framework's work around it (reading and checking
+        the body, writing the answer); a client's latency beyond it was spent before the app was
+        called (the loop had not read the request yet) or after its answer was handed over."""
         summary: dict[str, object] = {"requests": len(self._seconds["total"])}
         for name, seconds in self._seconds.items():
             ordered = sorted(seconds) or [0.0]
@@ -92,6 +100,29 @@ class Phases:
                 "max_ms": ordered[-1] * 1e3,
             }
         return summary
+
+
+class TimedApp:
+    """ASGI middleware: for each ``POST /predict``, the time from the app's call to the last
+    byte of its answer handed to the server (``Phases.add_app``)."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]], phases: Phases) -> None:
+        self.app = app
+        self.phases = phases
+
+    async def __call__(
+        self, scope: dict[str, Any], receive: Callable[..., Awaitable[Any]], send: Callable[..., Awaitable[None]]
+    ) -> None:
+        if scope["type"] != "http" or scope["path"] != "/predict":
+            return await self.app(scope, receive, send)
+        called = time.perf_counter()
+
+        async def timed_send(message: dict[str, Any]) -> None:
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                self.phases.add_app(time.perf_counter() - called)
+
+        return await self.app(scope, receive, timed_send)
 
 
 def _at(ordered: list[float], share: float) -> float:
@@ -228,6 +259,7 @@ def create_app(mode: str, lend: str) -> FastAPI:
         service.close()
 
     app = FastAPI(lifespan=lifespan)
+    app.add_middleware(TimedApp, phases=service.phases)
 
     @app.post("/predict")
     async def predict(request: Prediction) -> dict[str, list[float]]:
