@@ -351,6 +351,8 @@ def test_the_wrk_load_test_interleaves_every_modes_slices(tmp_path: Path) -> Non
         "--modes",
         "aiogpu",
         "to_thread",
+        "--loop",
+        "asyncio",
     ]
     result = subprocess.run(
         [*command, "--repeats", "1", "--slices", "2", "--seconds", "1", "--warmup", "1", "--out", str(out)],
@@ -364,7 +366,7 @@ def test_the_wrk_load_test_interleaves_every_modes_slices(tmp_path: Path) -> Non
     assert [row["mode"] for row in rows] == ["aiogpu", "to_thread"]
     for row in rows:
         assert row["server"].startswith("serving on ")  # the GPU, or the simulated device
-        assert row["server"].endswith(f", waiting with {row['mode']}, streams lent by pool")
+        assert row["server"].endswith(f", waiting with {row['mode']}, streams lent by pool, on asyncio")
         assert [piece["round"] for piece in row["slices"]] == [0, 1]
         assert all(piece["requests"] > 0 and len(piece["quantiles_ms"]) == 1000 for piece in row["slices"])
         assert row["requests_per_second"] > 0

@@ -20,7 +20,7 @@ where that falls short of wrk's latency, the request waited to be read or its an
 Markdown summary beside it.
 
 Run:  python examples/serving/loadtest_wrk.py [--wrk path/to/wrk] [--lend pool|queue] [--repeats 3]
-          [--slices 2] [--seconds 6]
+          [--slices 2] [--seconds 6] [--loop auto|asyncio|uvloop]
 """
 
 from __future__ import annotations
@@ -161,7 +161,17 @@ class Server:
 
 def start(arguments: argparse.Namespace, mode: str) -> Server:
     port = free_port()
-    command = [sys.executable, str(HERE / "per_request_server.py"), "--mode", mode, "--lend", arguments.lend, "--port", str(port)]
+    command = [
+        sys.executable,
+        str(HERE / "per_request_server.py"),
+        "--mode",
+        mode,
+        "--lend",
+        arguments.lend,
+        "--loop",
+        arguments.loop,
+    ]
+    command += ["--port", str(port)]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     pin(process.pid, cpu_list(arguments.server_cpus))
     return Server(mode, port, process)
@@ -310,6 +320,7 @@ if __name__ == "__main__":
     parser.add_argument("--wrk", default="wrk")
     parser.add_argument("--modes", nargs="+", default=["aiogpu", "aiogpu-thread", "to_thread", "blocking"])
     parser.add_argument("--lend", choices=("pool", "queue"), default="pool")
+    parser.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto", help="the servers' event loop")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--slices", type=int, default=2, help="rounds of one slice per mode, each repeat")
     parser.add_argument("--seconds", type=int, default=6, help="each slice's length, whole seconds (wrk's unit)")

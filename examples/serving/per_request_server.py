@@ -16,8 +16,10 @@ wait for a stream far longer than the rest. ``loadtest_wrk.py`` measures both.
 
 ``--mode``: ``aiogpu`` (``await stream.record()``), ``aiogpu-STRATEGY`` (``poll``, ``thread`` or
 ``callback``), ``to_thread`` (``await asyncio.to_thread(event.synchronize)``) or ``blocking``.
+``--loop``: uvicorn's ``auto`` (uvloop where it is installed), ``asyncio`` or ``uvloop``.
 
-Run:  python examples/serving/per_request_server.py [--mode aiogpu] [--lend pool] [--port 8000]
+Run:  python examples/serving/per_request_server.py [--mode aiogpu] [--lend pool] [--loop auto]
+          [--port 8000]
 """
 
 # /// script
@@ -254,7 +256,8 @@ def create_app(mode: str, lend: str) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         gc.collect()
         gc.freeze()  # torch and the framework live as long as the server: keep full collections off them
-        print(f"serving on {service.where}, waiting with {mode}, streams lent by {lend}", flush=True)
+        loop = "uvloop" if type(asyncio.get_running_loop()).__module__.startswith("uvloop") else "asyncio"
+        print(f"serving on {service.where}, waiting with {mode}, streams lent by {lend}, on {loop}", flush=True)
         yield
         service.close()
 
@@ -289,6 +292,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mode", choices=MODES, default="aiogpu")
     parser.add_argument("--lend", choices=("pool", "queue"), default="pool")
+    parser.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto")
     parser.add_argument("--port", type=int, default=8000)
     options = parser.parse_args()
-    uvicorn.run(create_app(options.mode, options.lend), host="127.0.0.1", port=options.port, log_level="warning")
+    app = create_app(options.mode, options.lend)
+    uvicorn.run(app, host="127.0.0.1", port=options.port, log_level="warning", loop=options.loop)
