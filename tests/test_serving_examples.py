@@ -52,23 +52,37 @@ def test_server_predicts_and_stays_healthy(kind: str) -> None:
         assert health["batches"] >= 2
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(240)
 @pytest.mark.slow
-def test_load_test_reports_every_mode() -> None:
+def test_load_test_measures_every_mode_in_turn(tmp_path: Path) -> None:
+    out = tmp_path / "loadtest.json"
+    arguments = ["--repeats", "2", "--seconds", "1", "--warmup", "0.5", "--concurrency", "8", "--rate", "50", "--out", str(out)]
     result = subprocess.run(
-        [sys.executable, str(SERVING / "loadtest.py"), "--seconds", "1", "--warmup", "0.5", "--concurrency", "8", "--rate", "50"],
+        [sys.executable, str(SERVING / "loadtest.py"), *arguments],
         env=ENVIRONMENT,
         capture_output=True,
         text=True,
-        timeout=140,
+        timeout=220,
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.strip().splitlines()
-    for mode in ("aiogpu", "blocking", "to_thread"):
-        for phase in ("capacity", "50/s"):
-            assert any(line.split()[:2] == [mode, phase] and "errors 0" in line for line in lines), result.stdout
-    assert "aiogpu / blocking throughput" in lines[-1]
+    measured = [line.split()[:2] for line in lines if "errors 0" in line]
+    for mode in ("aiogpu", "aiogpu-thread", "to_thread", "blocking"):
+        # every mode's two phases, once a repeat
+        assert measured.count([mode, "capacity"]) == measured.count([mode, "50/s"]) == 2, result.stdout
+    assert any(line.startswith("aiogpu / to_thread capacity: ") for line in lines), result.stdout
+    assert any(line.startswith("aiogpu / blocking capacity: ") for line in lines), result.stdout
+    rows = json.loads(out.read_text())["rows"]
+    # the order rotated: the second repeat starts with the first's second mode
+    assert [(row["repeat"], row["mode"]) for row in rows][:5] == [
+        (0, "aiogpu"),
+        (0, "aiogpu-thread"),
+        (0, "to_thread"),
+        (0, "blocking"),
+        (1, "aiogpu-thread"),
+    ]
+    assert all(row["server"].startswith("serving on the simulated device") for row in rows)
 
 
 @pytest.mark.anyio

@@ -1,14 +1,19 @@
-"""A bounded HTTP load test of the example servers: aiogpu against blocking and to_thread waits.
+"""A bounded HTTP load test of the micro-batched example servers: every way of waiting, repeated.
 
-For each mode it starts the server in its own process on loopback, waits for ``/health``, then
-runs two phases of ``--seconds`` each (after a warm-up): capacity (``--concurrency`` clients
-posting ``/predict`` back to back) and a bounded load (``--rate`` requests per second, whatever
-the answers). The load comes from ``--clients`` processes of aiohttp clients, and a separate
-process asks ``/health`` every 10 ms, so neither the clients' work nor their event loop's delays
-count in the server's figures. It reports requests per second, request latency p50 / p99 and
-``/health`` p99, prints a line per phase and writes JSON to ``--out``.
+It starts one server per mode (``--modes``), each in its own process on loopback, side by side,
+and waits for each one's ``/health``. Then each repeat measures every mode in turn, the order
+rotated from repeat to repeat, in two phases of ``--seconds`` each (after a warm-up): capacity
+(``--concurrency`` clients posting ``/predict`` back to back) and a bounded load (``--rate``
+requests per second, whatever the answers). Taking the modes in turn, repeat after repeat, spreads
+each over the same stretch of time: a virtual machine's cores can run Python at half speed for
+seconds at a time (``benchmarks/README.md``). The load comes from ``--clients`` processes of
+aiohttp clients, and a separate process asks ``/health`` every 10 ms, so neither the clients'
+work nor their event loop's delays count in the server's figures. It reports requests per second,
+request latency p50 / p99 and ``/health`` p99, prints a line per phase and writes JSON to
+``--out``.
 
-Run:  python examples/serving/loadtest.py [--server fastapi|aiohttp] [--seconds 10] [--rate 1000]
+Run:  python examples/serving/loadtest.py [--server fastapi|aiohttp] [--repeats 3] [--seconds 10]
+          [--rate 1000] [--modes aiogpu aiogpu-thread to_thread blocking]
 """
 
 # /// script
@@ -36,7 +41,7 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent))  # loadtools.py, shared with the other load tests
 from loadtools import cpu_list, free_port, percentile, pin, probe_health, wait_until_healthy  # noqa: E402
 
-MODES = ("aiogpu", "blocking", "to_thread")
+MODES = ("aiogpu", "aiogpu-thread", "to_thread", "blocking")
 START_MARGIN = 1.0  # seconds for the worker processes to be ready before a phase starts
 
 
@@ -147,34 +152,35 @@ def start_server(server_kind: str, mode: str, port: int) -> subprocess.Popen[byt
 
 
 def stop_server(server: subprocess.Popen[bytes]) -> str:
-    """Stop the server; its output (it prints what it serves on)."""
+    """Stop the server; its ``serving on ...`` line (``?`` where it printed none)."""
     server.terminate()
-    return server.communicate(timeout=30)[0].decode(errors="replace")
+    output = server.communicate(timeout=30)[0].decode(errors="replace")
+    return next((line for line in output.splitlines() if line.startswith("serving on")), "?")
 
 
-async def run_mode(workers: ProcessPoolExecutor, server_kind: str, mode: str, arguments: argparse.Namespace) -> dict[str, object]:
-    port = free_port()
-    server = start_server(server_kind, mode, port)
-    pin(server.pid, cpu_list(arguments.server_cpus))
-    try:
-        await asyncio.to_thread(wait_until_healthy, port, server)
-        capacity = await run_phase(workers, port, arguments, None)
-        report(mode, "capacity", capacity)
-        bounded = await run_phase(workers, port, arguments, arguments.rate)
-        report(mode, f"{arguments.rate:g}/s", bounded)
-    finally:
-        output = stop_server(server)
-    where = next((line for line in output.splitlines() if line.startswith("serving on")), "?")
-    return {"mode": mode, "server": where, "capacity": capacity, "bounded": bounded}
+async def measure_mode(workers: ProcessPoolExecutor, port: int, mode: str, arguments: argparse.Namespace) -> dict[str, object]:
+    """One mode's capacity, then its bounded phase, on its running server."""
+    capacity = await run_phase(workers, port, arguments, None)
+    report(mode, "capacity", capacity)
+    bounded = await run_phase(workers, port, arguments, arguments.rate)
+    report(mode, f"{arguments.rate:g}/s", bounded)
+    return {"mode": mode, "capacity": capacity, "bounded": bounded}
 
 
 def report(mode: str, phase: str, result: dict[str, float]) -> None:
     print(
-        f"{mode:10} {phase:9} {result['requests_per_second']:7.0f} req/s  p50 {result['p50_ms']:7.1f} ms"
+        f"{mode:13} {phase:9} {result['requests_per_second']:7.0f} req/s  p50 {result['p50_ms']:7.1f} ms"
         f"  p99 {result['p99_ms']:7.1f} ms  /health p99 {result['health_p99_ms']:7.1f} ms"
         f" (max {result['health_max_ms']:6.1f})  errors {result['errors']:.0f}",
         flush=True,
     )
+
+
+def capacity_ratio(rows: list[dict[str, object]], mode: str, reference: str) -> float:
+    """The median over repeats of ``mode``'s capacity over ``reference``'s."""
+    capacity = {(row["repeat"], row["mode"]): row["capacity"]["requests_per_second"] for row in rows}  # type: ignore[index]
+    ratios = [capacity[repeat, mode] / max(capacity[repeat, reference], 1e-9) for repeat, m in capacity if m == mode]
+    return statistics.median(ratios)
 
 
 async def main(arguments: argparse.Namespace) -> None:
@@ -183,14 +189,32 @@ async def main(arguments: argparse.Namespace) -> None:
         f"{arguments.seconds:g} s per phase",
         flush=True,
     )
+    modes: list[str] = arguments.modes
     spawn = multiprocessing.get_context("spawn")  # clean processes: no copy of this one's state
     client_cpus = cpu_list(arguments.client_cpus)
-    with ProcessPoolExecutor(arguments.clients + 1, mp_context=spawn, initializer=pin, initargs=(0, client_cpus)) as workers:
-        rows = [await run_mode(workers, arguments.server, mode, arguments) for mode in MODES]
-    by_mode = {row["mode"]: row for row in rows}
-    capacity = {mode: row["capacity"]["requests_per_second"] for mode, row in by_mode.items()}  # type: ignore[index]
-    ratio = capacity["aiogpu"] / max(capacity["blocking"], 1e-9)
-    print(f"aiogpu / blocking throughput: {ratio:.2f}x; served by {rows[0]['server'].removeprefix('serving on ')}")
+    servers: dict[str, tuple[int, subprocess.Popen[bytes]]] = {}
+    rows: list[dict[str, object]] = []
+    try:
+        for mode in modes:  # side by side: they load torch and capture their graphs together
+            port = free_port()
+            servers[mode] = port, start_server(arguments.server, mode, port)
+            pin(servers[mode][1].pid, cpu_list(arguments.server_cpus))
+        for port, server in servers.values():
+            await asyncio.to_thread(wait_until_healthy, port, server)
+        with ProcessPoolExecutor(arguments.clients + 1, mp_context=spawn, initializer=pin, initargs=(0, client_cpus)) as workers:
+            for repeat in range(arguments.repeats):
+                turn = repeat % len(modes)
+                for mode in modes[turn:] + modes[:turn]:
+                    rows.append({"repeat": repeat, **await measure_mode(workers, servers[mode][0], mode, arguments)})
+    finally:
+        where = {mode: stop_server(server) for mode, (_, server) in servers.items()}
+    for row in rows:
+        row["server"] = where[row["mode"]]  # type: ignore[index]
+    for reference in ("to_thread", "blocking"):
+        if "aiogpu" in modes and reference in modes:
+            ratio = capacity_ratio(rows, "aiogpu", reference)
+            print(f"aiogpu / {reference} capacity: {ratio:.2f}x (median of {arguments.repeats})", flush=True)
+    print(f"served by {where[modes[0]].removeprefix('serving on ')}", flush=True)
     if arguments.out:
         arguments.out.write_text(
             json.dumps(
@@ -203,12 +227,14 @@ async def main(arguments: argparse.Namespace) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--server", choices=("fastapi", "aiohttp"), default="fastapi")
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--concurrency", type=int, default=64, help="connections, shared by the client processes")
     parser.add_argument("--clients", type=int, default=2, help="client processes generating the load")
     parser.add_argument("--rate", type=float, default=1000.0, help="requests per second of the bounded phase")
-    parser.add_argument("--server-cpus", help='pin the server to these CPUs ("0-7"; default: no pinning)')
+    parser.add_argument("--server-cpus", help='pin the servers to these CPUs ("0-7"; default: no pinning)')
     parser.add_argument("--client-cpus", help='pin the client processes to these CPUs ("8-15")')
     parser.add_argument("--out", type=Path)
     asyncio.run(main(parser.parse_args()))

@@ -13,9 +13,10 @@ gather into the next batch instead of queueing as many small ones.
 
 How a request waits for its batch (``mode``):
 
-``aiogpu``     ``await`` the batch's event: the loop serves other requests meanwhile.
-``blocking``   ``event.synchronize()`` in the handler: the loop stops until the GPU is done.
-``to_thread``  ``await asyncio.to_thread(event.synchronize)``: a thread hand-off per batch.
+``aiogpu``         ``await`` the batch's event: the loop serves other requests meanwhile.
+``aiogpu-thread``  ``await event.wait(strategy="thread")``: the same, watched off the loop.
+``blocking``       ``event.synchronize()`` in the handler: the loop stops until the GPU is done.
+``to_thread``      ``await asyncio.to_thread(event.synchronize)``: a thread hand-off per batch.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 
 import aiogpu
 
-MODES = ("aiogpu", "blocking", "to_thread")
+MODES = ("aiogpu", "aiogpu-thread", "blocking", "to_thread")
 TOKENS = 128
 OUTPUTS = 16
 VOCABULARY = 32_000
@@ -143,6 +144,8 @@ class Model:
             outputs, done = self._enqueue(stream, graph, batch)
             if self.mode == "aiogpu":
                 await done
+            elif self.mode == "aiogpu-thread":
+                await done.wait(strategy="thread")
             elif self.mode == "blocking":
                 done.synchronize()
             else:

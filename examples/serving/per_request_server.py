@@ -91,7 +91,7 @@ class Phases:
         "app": {...}}``. The phases' means add up to the total's; their percentiles do not. The
         app's time holds the total's and the framework's work around it (reading and checking
         the body, writing the answer); a client's latency beyond it was spent before the app was
-        called (the loop had not read the request yet) or after its answer was handed over."""
+        called or after its answer was handed over."""
         summary: dict[str, object] = {"requests": len(self._seconds["total"])}
         for name, seconds in self._seconds.items():
             ordered = sorted(seconds) or [0.0]
