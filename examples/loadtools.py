@@ -1,6 +1,6 @@
-"""What the examples' load tests share: ports, percentiles, waiting for a server, probing ``/health``,
-asking a server for JSON and reading a process's CPU time. Each load test puts this folder on
-``sys.path``."""
+"""What the examples' load tests share: ports, percentiles, waiting for a server and stopping it,
+probing ``/health``, asking a server for JSON and reading a process's CPU time. Each load test puts
+this folder on ``sys.path``."""
 
 from __future__ import annotations
 
@@ -40,6 +40,14 @@ def wait_until_healthy(port: int, server: subprocess.Popen[bytes]) -> None:
             pass
         time.sleep(0.2)
     raise RuntimeError("the server did not become healthy within 180 s")
+
+
+def stop_server(server: subprocess.Popen[bytes]) -> str:
+    """Stop an example server; the line it printed about what it serves on (``serving on ...``),
+    or ``?`` where it printed none."""
+    server.terminate()
+    output = server.communicate(timeout=30)[0].decode(errors="replace")
+    return next((line for line in output.splitlines() if line.startswith("serving on")), "?")
 
 
 def call_json(port: int, path: str, method: str = "GET", timeout: float = 10.0) -> object:

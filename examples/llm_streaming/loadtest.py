@@ -48,7 +48,17 @@ if TYPE_CHECKING:
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent))  # loadtools.py, shared with the other load tests
-from loadtools import call_json, cpu_list, cpu_seconds, free_port, percentile, pin, probe_health, wait_until_healthy  # noqa: E402
+from loadtools import (  # noqa: E402
+    call_json,
+    cpu_list,
+    cpu_seconds,
+    free_port,
+    percentile,
+    pin,
+    probe_health,
+    stop_server,
+    wait_until_healthy,
+)
 
 START_MARGIN = 1.0  # seconds for the worker processes to be ready before a phase starts
 METRICS = ("tokens_per_second", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "health_p99_ms", "cpu_cores", "errors")
@@ -238,9 +248,8 @@ class Server:
         pin(self.process.pid, cpus)
 
     def stop(self) -> str:
-        """Stop the server; its output (it prints what it serves on)."""
-        self.process.terminate()
-        return self.process.communicate(timeout=30)[0].decode(errors="replace")
+        """Stop the server; its ``serving on ...`` line (``loadtools.stop_server``)."""
+        return stop_server(self.process)
 
 
 def report(mode: str, phase: str, result: dict[str, float]) -> None:
@@ -308,8 +317,8 @@ async def main(arguments: argparse.Namespace) -> dict[str, object]:
                         report(mode, f"{fraction:.0%}", result)
                         rows.append({"repeat": repeat, "mode": mode, "phase": f"{fraction:.0%}", **result})
     finally:
-        outputs = {mode: server.stop() for mode, server in servers.items()}
-    where = next((line for line in outputs[modes[0]].splitlines() if line.startswith("serving on")), "?")
+        stopped = {mode: server.stop() for mode, server in servers.items()}
+    where = stopped[modes[0]]
     return {
         "served_by": where.removeprefix("serving on ").split(",")[0],
         "arguments": vars(arguments),

@@ -39,7 +39,7 @@ import aiohttp
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent))  # loadtools.py, shared with the other load tests
-from loadtools import cpu_list, free_port, percentile, pin, probe_health, wait_until_healthy  # noqa: E402
+from loadtools import cpu_list, free_port, percentile, pin, probe_health, stop_server, wait_until_healthy  # noqa: E402
 
 MODES = ("aiogpu", "aiogpu-thread", "to_thread", "blocking")
 START_MARGIN = 1.0  # seconds for the worker processes to be ready before a phase starts
@@ -149,13 +149,6 @@ async def run_phase(
 def start_server(server_kind: str, mode: str, port: int) -> subprocess.Popen[bytes]:
     command = [sys.executable, str(HERE / f"{server_kind}_server.py"), "--mode", mode, "--port", str(port)]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-
-
-def stop_server(server: subprocess.Popen[bytes]) -> str:
-    """Stop the server; its ``serving on ...`` line (``?`` where it printed none)."""
-    server.terminate()
-    output = server.communicate(timeout=30)[0].decode(errors="replace")
-    return next((line for line in output.splitlines() if line.startswith("serving on")), "?")
 
 
 async def measure_mode(workers: ProcessPoolExecutor, port: int, mode: str, arguments: argparse.Namespace) -> dict[str, object]:

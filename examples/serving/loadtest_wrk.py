@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent))  # loadtools.py, shared with the other load tests
-from loadtools import call_json, cpu_list, cpu_seconds, free_port, pin, wait_until_healthy  # noqa: E402
+from loadtools import call_json, cpu_list, cpu_seconds, free_port, pin, stop_server, wait_until_healthy  # noqa: E402
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -177,13 +177,6 @@ def start(arguments: argparse.Namespace, mode: str) -> Server:
     return Server(mode, port, process)
 
 
-def stop(server: Server) -> str:
-    """End the server; its ``serving on ...`` line (``?`` where it printed none)."""
-    server.process.terminate()
-    output = server.process.communicate(timeout=30)[0].decode(errors="replace")
-    return next((line for line in output.splitlines() if line.startswith("serving on")), "?")
-
-
 def measure(server: Server, wrk: list[str], seconds: int) -> dict[str, Any]:
     """One slice: ``wrk`` on ``server`` for ``seconds``, then until the server has answered the
     requests wrk left behind (their clients gone, they count all the same)."""
@@ -219,7 +212,7 @@ def run_repeat(arguments: argparse.Namespace, repeat: int, script: Path) -> list
                 )
         phases = {server.mode: server_phases(server.port) for server in servers}
     finally:
-        where = {server.mode: stop(server) for server in servers}
+        where = {server.mode: stop_server(server.process) for server in servers}
     return [
         {
             "repeat": repeat,
