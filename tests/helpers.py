@@ -83,10 +83,10 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def call(url: str, body: object | None = None) -> tuple[int, object]:
-    """GET ``url`` (POST ``body`` as JSON if given); the status and the decoded answer."""
+def call(url: str, body: object | None = None, method: str | None = None) -> tuple[int, object]:
+    """GET ``url`` (POST ``body`` as JSON if given, or ``method``); the status and the decoded answer."""
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"}, method=method)
     try:
         with _DIRECT.open(request, timeout=30) as response:
             return response.status, json.loads(response.read())

@@ -50,6 +50,19 @@ def test_server_predicts_and_stays_healthy(kind: str) -> None:
         assert isinstance(health, dict)
         assert health["status"] == "ok"
         assert health["batches"] >= 2
+        status, stats = call(url + "/stats")
+        assert status == 200, stats
+        assert isinstance(stats, dict)
+        assert stats["batches"] == health["batches"]
+        assert stats["mean_size"] == 1  # one request at a time
+        # a wait holds the GPU's time (4 ms simulated) and what came after its end
+        assert stats["wait_p99_ms"] >= stats["wait_p50_ms"] > stats["late_p50_ms"] >= 0
+        assert stats["wait_p50_ms"] >= 4
+        assert call(url + "/stats", method="DELETE")[1] == {
+            "batches": 0,
+            "mean_size": None,
+            **{f"{name}_{q}_ms": None for name in ("wait", "late") for q in ("p50", "p99")},
+        }
 
 
 @pytest.mark.timeout(240)
@@ -83,6 +96,9 @@ def test_load_test_measures_every_mode_in_turn(tmp_path: Path) -> None:
         (1, "aiogpu-thread"),
     ]
     assert all(row["server"].startswith("serving on the simulated device") for row in rows)
+    # each phase's batches, from the server's /stats over the phase
+    assert all(row[phase]["batches"]["batches"] >= 1 for row in rows for phase in ("capacity", "bounded")), rows
+    assert any("batches of" in line for line in lines), result.stdout
 
 
 @pytest.mark.anyio

@@ -1,7 +1,8 @@
 """The same inference server on aiohttp's web server, awaiting the GPU with aiogpu.
 
 POST /predict {"tokens": [ints]} -> {"outputs": [16 floats]}; GET /health (503 while a GPU wait
-is stuck). See ``model.py``.
+is stuck); GET /stats, the last batches' sizes and waits (DELETE /stats starts over). See
+``model.py``.
 
 Run:  python examples/serving/aiohttp_server.py [--mode aiogpu] [--port 8000]
 """
@@ -35,11 +36,20 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response(body, status=200 if healthy else 503)
 
 
+async def stats(request: web.Request) -> web.Response:
+    batches = request.app[MODEL].batches
+    if request.method == "DELETE":
+        batches.clear()
+    return web.json_response(batches.summary())
+
+
 def create_app(mode: str) -> web.Application:
     app = web.Application()
     app[MODEL] = model = Model(mode)
     app.router.add_post("/predict", predict)
     app.router.add_get("/health", health)
+    app.router.add_get("/stats", stats)
+    app.router.add_delete("/stats", stats)
 
     async def announce(app: web.Application) -> None:
         freeze_startup_objects()

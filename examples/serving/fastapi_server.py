@@ -1,7 +1,8 @@
 """An inference server on FastAPI + uvicorn that awaits the GPU with aiogpu.
 
 POST /predict {"tokens": [ints]} -> {"outputs": [16 floats]}; GET /health (503 while a GPU wait
-is stuck: ``aiogpu.pending_waits``). Requests are micro-batched and run on a pool of streams
+is stuck: ``aiogpu.pending_waits``); GET /stats, the last batches' sizes and waits
+(``model.BatchStats``; DELETE /stats starts over). Requests are micro-batched and run on a pool of streams
 over every GPU (``model.py``). ``--mode blocking`` and ``--mode to_thread`` wait the ways aiogpu
 replaces, for comparison (``loadtest.py``).
 
@@ -54,6 +55,15 @@ def create_app(mode: str) -> FastAPI:
     async def health() -> JSONResponse:
         healthy, body = model.health()
         return JSONResponse(body, status_code=200 if healthy else 503)
+
+    @app.get("/stats")
+    async def stats() -> dict[str, float | None]:
+        return model.batches.summary()
+
+    @app.delete("/stats")
+    async def clear_stats() -> dict[str, float | None]:
+        model.batches.clear()
+        return model.batches.summary()
 
     return app
 

@@ -34,12 +34,13 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent))  # loadtools.py, shared with the other load tests
-from loadtools import cpu_list, free_port, percentile, pin, probe_health, stop_server, wait_until_healthy  # noqa: E402
+from loadtools import call_json, cpu_list, free_port, percentile, pin, probe_health, stop_server, wait_until_healthy  # noqa: E402
 
 MODES = ("aiogpu", "aiogpu-thread", "to_thread", "blocking")
 START_MARGIN = 1.0  # seconds for the worker processes to be ready before a phase starts
@@ -111,8 +112,9 @@ async def load(
 
 async def run_phase(
     workers: ProcessPoolExecutor, port: int, arguments: argparse.Namespace, rate: float | None
-) -> dict[str, float]:
-    """One phase: ``--clients`` load processes and the ``/health`` probe, over the same window."""
+) -> dict[str, object]:
+    """One phase: ``--clients`` load processes and the ``/health`` probe, over the same window,
+    and the server's ``/stats`` for the batches it ran in that window."""
     loop = asyncio.get_running_loop()
     url = f"http://127.0.0.1:{port}"
     clients = arguments.clients
@@ -133,7 +135,10 @@ async def run_phase(
         for index in range(clients)
     ]
     health = loop.run_in_executor(workers, probe_health, port, measure_from, stop_at)
+    await asyncio.sleep(max(0.0, measure_from - time.monotonic()))
+    await asyncio.to_thread(call_json, port, "/stats", "DELETE")
     results = await asyncio.gather(*shares)
+    batches = await asyncio.to_thread(call_json, port, "/stats")
     health_latencies = await health
     latencies = [latency for result in results for latency in result["latencies"]]  # type: ignore[attr-defined]
     return {
@@ -143,6 +148,7 @@ async def run_phase(
         "health_p99_ms": percentile(health_latencies, 0.99) * 1e3,
         "health_max_ms": max(health_latencies) * 1e3 if health_latencies else float("nan"),
         "errors": sum(result["errors"] for result in results),  # type: ignore[misc]
+        "batches": batches,
     }
 
 
@@ -160,13 +166,21 @@ async def measure_mode(workers: ProcessPoolExecutor, port: int, mode: str, argum
     return {"mode": mode, "capacity": capacity, "bounded": bounded}
 
 
-def report(mode: str, phase: str, result: dict[str, float]) -> None:
+def report(mode: str, phase: str, result: dict[str, Any]) -> None:
     print(
         f"{mode:13} {phase:9} {result['requests_per_second']:7.0f} req/s  p50 {result['p50_ms']:7.1f} ms"
         f"  p99 {result['p99_ms']:7.1f} ms  /health p99 {result['health_p99_ms']:7.1f} ms"
         f" (max {result['health_max_ms']:6.1f})  errors {result['errors']:.0f}",
         flush=True,
     )
+    batches = result["batches"]
+    if batches["batches"]:
+        print(
+            f"{'':23} {batches['batches']:7.0f} batches of {batches['mean_size']:4.1f} requests; GPU batch"
+            f" waits p50 {batches['wait_p50_ms']:.2f} / p99 {batches['wait_p99_ms']:.2f} ms, of which after the"
+            f" GPU's end p50 {batches['late_p50_ms']:.2f} / p99 {batches['late_p99_ms']:.2f} ms",
+            flush=True,
+        )
 
 
 def capacity_ratio(rows: list[dict[str, object]], mode: str, reference: str) -> float:

@@ -9,7 +9,9 @@ aiogpu's simulated device with a CPU stand-in: 4 ms of simulated GPU time per ba
 outputs computed in Python.
 
 The batcher takes a stream before it takes requests, so while every stream is busy requests
-gather into the next batch instead of queueing as many small ones.
+gather into the next batch instead of queueing as many small ones. ``Model.batches`` keeps, for
+the last batches, how many requests each carried and how late its wait noticed the GPU's end
+(``BatchStats``): the two things a way of waiting can change here.
 
 How a request waits for its batch (``mode``):
 
@@ -25,6 +27,8 @@ import argparse
 import asyncio
 import gc
 import math
+import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import aiogpu
@@ -43,6 +47,34 @@ def server_arguments(description: str) -> argparse.Namespace:
     parser.add_argument("--mode", choices=MODES, default="aiogpu")
     parser.add_argument("--port", type=int, default=8000)
     return parser.parse_args()
+
+
+class BatchStats:
+    """The last 10,000 batches run: how many requests each carried, how long its wait took
+    (from its launch to its task running again) and how much of that came after the GPU had
+    finished it (*late*: the wait less the GPU's own time from the launch to the batch's end,
+    timed with events)."""
+
+    def __init__(self) -> None:
+        self._batches: deque[tuple[int, float, float]] = deque(maxlen=10_000)
+
+    def add(self, size: int, wait: float, gpu: float) -> None:
+        """One batch of ``size`` requests, waited for ``wait`` seconds, ``gpu`` of which the GPU ran it."""
+        self._batches.append((size, wait, wait - gpu))
+
+    def clear(self) -> None:
+        self._batches.clear()
+
+    def summary(self) -> dict[str, float | None]:
+        """``{"batches", "mean_size", "wait_p50_ms", "wait_p99_ms", "late_p50_ms", "late_p99_ms"}``
+        (all but ``batches`` ``None`` before any batch)."""
+        sizes = [size for size, _, _ in self._batches]
+        summary: dict[str, float | None] = {"batches": len(sizes), "mean_size": sum(sizes) / len(sizes) if sizes else None}
+        for column, name in ((1, "wait"), (2, "late")):
+            ordered = sorted(batch[column] for batch in self._batches)
+            for label, share in (("p50", 0.5), ("p99", 0.99)):
+                summary[f"{name}_{label}_ms"] = ordered[round(share * (len(ordered) - 1))] * 1e3 if ordered else None
+        return summary
 
 
 @dataclass
@@ -84,6 +116,7 @@ class Model:
         self._batcher: asyncio.Task[None] | None = None
         self._batches: set[asyncio.Task[None]] = set()
         self.batches_run = 0
+        self.batches = BatchStats()
 
     async def predict(self, tokens: list[int]) -> list[float]:
         """The model's 16 outputs for up to 128 token ids (batched with concurrent requests)."""
@@ -141,6 +174,8 @@ class Model:
         if graph is None and self._graphs.get(stream.device):  # one per stream of the device
             graph = self._graph_of[stream] = self._graphs[stream.device].pop()
         try:
+            started = stream.record(timing=True)  # the stream is idle: the batch's GPU time starts here
+            launched = time.perf_counter()
             outputs, done = self._enqueue(stream, graph, batch)
             if self.mode == "aiogpu":
                 await done
@@ -150,6 +185,9 @@ class Model:
                 done.synchronize()
             else:
                 await asyncio.to_thread(done.synchronize)
+            waited = time.perf_counter() - launched
+            self.batches.add(len(batch), waited, started.elapsed_time(done) / 1e3)
+            started.close()
             done.close()
             answers = outputs()
         except Exception as error:  # every request of the batch gets the failure
@@ -168,13 +206,14 @@ class Model:
                 await asyncio.sleep(0)
 
     def _enqueue(self, stream: aiogpu.Stream, graph: _Graph | None, batch: list[_Request]):  # type: ignore[no-untyped-def]
-        """Enqueue the batch's work on ``stream`` (nothing waits here); return (read outputs, event)."""
+        """Enqueue the batch's work on ``stream`` (nothing waits here); return (read outputs, a
+        timed event after the work)."""
         if graph is None:  # the simulated device: 4 ms of GPU time, outputs computed on the CPU
             self._simulator.launch(stream, seconds=0.004)
-            done = stream.record()
+            done = stream.record(timing=True)
             return (lambda: [_stand_in(request.tokens) for request in batch]), done
         outputs = graph.enqueue(stream, [request.tokens for request in batch])
-        graph.last = stream.record()
+        graph.last = stream.record(timing=True)
         return outputs, graph.last
 
 
