@@ -95,7 +95,9 @@ def test_load_test_measures_every_mode_in_turn(tmp_path: Path) -> None:
         (0, "blocking"),
         (1, "aiogpu-thread"),
     ]
-    assert all(row["server"].startswith("serving on the simulated device") for row in rows)
+    # one device for every mode: the GPU, or the simulated device
+    assert len({row["server"].split(", waiting with")[0] for row in rows}) == 1, rows
+    assert all(row["server"].startswith("serving on ") for row in rows), rows
     # each phase's batches, from the server's /stats over the phase
     assert all(row[phase]["batches"]["batches"] >= 1 for row in rows for phase in ("capacity", "bounded")), rows
     assert any("batches of" in line for line in lines), result.stdout
