@@ -2,9 +2,9 @@
 
 POST /predict {"tokens": [ints]} -> {"outputs": [16 floats]}; GET /health (503 while a GPU wait
 is stuck: ``aiogpu.pending_waits``); GET /stats, the last batches' sizes and waits
-(``model.BatchStats``; DELETE /stats starts over). Requests are micro-batched and run on a pool of streams
-over every GPU (``model.py``). ``--mode blocking`` and ``--mode to_thread`` wait the ways aiogpu
-replaces, for comparison (``loadtest.py``).
+(``model.BatchStats``; DELETE /stats starts over). Requests are micro-batched and run on a pool
+of streams over every GPU (``model.py``). ``--mode blocking`` and ``--mode to_thread`` wait the
+ways aiogpu replaces, for comparison (``loadtest.py``).
 
 Run:  python examples/serving/fastapi_server.py [--mode aiogpu] [--port 8000]
 """
