@@ -178,7 +178,8 @@ def report(mode: str, phase: str, result: dict[str, Any]) -> None:
         print(
             f"{'':23} {batches['batches']:7.0f} batches of {batches['mean_size']:4.1f} requests; GPU batch"
             f" waits p50 {batches['wait_p50_ms']:.2f} / p99 {batches['wait_p99_ms']:.2f} ms, of which after the"
-            f" GPU's end p50 {batches['late_p50_ms']:.2f} / p99 {batches['late_p99_ms']:.2f} ms",
+            f" GPU's end p50 {batches['late_p50_ms']:.2f} / p99 {batches['late_p99_ms']:.2f} ms;"
+            f" CPU: loop {batches['loop_cores']:.2f}, all {batches['cores']:.2f} cores",
             flush=True,
         )
 

@@ -53,10 +53,12 @@ class BatchStats:
     """The last 10,000 batches run: how many requests each carried, how long its wait took
     (from its launch to its task running again) and how much of that came after the GPU had
     finished it (*late*: the wait less the GPU's own time from the launch to the batch's end,
-    timed with events)."""
+    timed with events); and the CPU the loop's thread and the whole process took meanwhile.
+    Used from the loop's thread only."""
 
     def __init__(self) -> None:
         self._batches: deque[tuple[int, float, float]] = deque(maxlen=10_000)
+        self._since = _clocks()
 
     def add(self, size: int, wait: float, gpu: float) -> None:
         """One batch of ``size`` requests, waited for ``wait`` seconds, ``gpu`` of which the GPU ran it."""
@@ -64,17 +66,30 @@ class BatchStats:
 
     def clear(self) -> None:
         self._batches.clear()
+        self._since = _clocks()
 
     def summary(self) -> dict[str, float | None]:
-        """``{"batches", "mean_size", "wait_p50_ms", "wait_p99_ms", "late_p50_ms", "late_p99_ms"}``
-        (all but ``batches`` ``None`` before any batch)."""
+        """``{"batches", "mean_size", "wait_p50_ms", "wait_p99_ms", "late_p50_ms", "late_p99_ms",
+        "loop_cores", "cores"}`` (the batches' figures ``None`` before any batch; the cores are
+        CPU time over wall time since the last ``clear``)."""
         sizes = [size for size, _, _ in self._batches]
-        summary: dict[str, float | None] = {"batches": len(sizes), "mean_size": sum(sizes) / len(sizes) if sizes else None}
+        wall, loop_cpu, cpu = (now - then for now, then in zip(_clocks(), self._since, strict=True))
+        summary: dict[str, float | None] = {
+            "batches": len(sizes),
+            "mean_size": sum(sizes) / len(sizes) if sizes else None,
+            "loop_cores": loop_cpu / wall,
+            "cores": cpu / wall,
+        }
         for column, name in ((1, "wait"), (2, "late")):
             ordered = sorted(batch[column] for batch in self._batches)
             for label, share in (("p50", 0.5), ("p99", 0.99)):
                 summary[f"{name}_{label}_ms"] = ordered[round(share * (len(ordered) - 1))] * 1e3 if ordered else None
         return summary
+
+
+def _clocks() -> tuple[float, float, float]:
+    """Wall time, this thread's CPU time and the process's."""
+    return time.perf_counter(), time.thread_time(), time.process_time()
 
 
 @dataclass
