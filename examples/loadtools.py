@@ -1,6 +1,6 @@
 """What the examples' load tests share: ports, percentiles, waiting for a server and stopping it,
-probing ``/health``, asking a server for JSON and reading a process's CPU time. Each load test puts
-this folder on ``sys.path``."""
+probing ``/health``, asking a server for JSON, reading a process's CPU time, and comparing
+another aiogpu engine in the same run. Each load test puts this folder on ``sys.path``."""
 
 from __future__ import annotations
 
@@ -102,3 +102,28 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def engines(values: list[str] | None) -> dict[str, str]:
+    """``--engine LABEL=TREE`` values as ``{"aiogpu@LABEL": TREE}``: each an extra mode whose server
+    waits like ``aiogpu`` with aiogpu imported from the source tree ``TREE``, so that an engine is
+    compared with this one's in the same run, on the same machine. ``ValueError`` names a value
+    that is not ``LABEL=TREE`` with a folder holding an ``aiogpu`` package."""
+    modes = {}
+    for value in values or []:
+        label, _, tree = value.partition("=")
+        if not label or not tree or not os.path.isfile(os.path.join(tree, "aiogpu", "__init__.py")):
+            raise ValueError(f"--engine takes LABEL=TREE, TREE a folder holding the aiogpu package; got {value!r}")
+        modes[f"aiogpu@{label}"] = os.path.abspath(tree)
+    return modes
+
+
+def server_mode(mode: str, engine_trees: dict[str, str]) -> tuple[str, dict[str, str] | None]:
+    """The ``--mode`` a load test's ``mode`` starts its server with, and the server's environment
+    (``None``: this process's): an ``engines`` mode is ``aiogpu`` with its tree first on
+    ``PYTHONPATH``."""
+    tree = engine_trees.get(mode)
+    if tree is None:
+        return mode, None
+    path = os.pathsep.join(filter(None, [tree, os.environ.get("PYTHONPATH")]))
+    return "aiogpu", {**os.environ, "PYTHONPATH": path}

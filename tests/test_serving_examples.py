@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import subprocess
 import sys
 import time
@@ -104,6 +105,46 @@ def test_load_test_measures_every_mode_in_turn(tmp_path: Path) -> None:
     # each phase's batches, from the server's /stats over the phase
     assert all(row[phase]["batches"]["batches"] >= 1 for row in rows for phase in ("capacity", "bounded")), rows
     assert any("batches of" in line for line in lines), result.stdout
+
+
+def test_an_engine_to_compare_is_a_mode_whose_server_imports_aiogpu_from_its_tree(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(SERVING.parent))
+    import loadtools  # examples/loadtools.py
+
+    assert loadtools.engines(None) == {}
+    assert loadtools.engines([f"main={ROOT}"]) == {"aiogpu@main": str(ROOT)}
+    for wrong in ("main", f"={ROOT}", "main=", f"main={tmp_path}"):  # tmp_path holds no aiogpu package
+        with pytest.raises(ValueError, match="--engine takes LABEL=TREE"):
+            loadtools.engines([wrong])
+    trees = loadtools.engines([f"main={ROOT}"])
+    assert loadtools.server_mode("to_thread", trees) == ("to_thread", None)
+    mode, environment = loadtools.server_mode("aiogpu@main", trees)
+    assert mode == "aiogpu"
+    assert environment is not None
+    assert environment["PYTHONPATH"].split(os.pathsep)[0] == str(ROOT)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.slow
+def test_the_load_test_runs_an_engine_to_compare_beside_the_modes(tmp_path: Path) -> None:
+    out = tmp_path / "loadtest.json"
+    arguments = ["--modes", "to_thread", "--engine", f"same={ROOT}", "--repeats", "1", "--seconds", "1", "--warmup", "0.5"]
+    result = subprocess.run(
+        [sys.executable, str(SERVING / "loadtest.py"), *arguments, "--concurrency", "8", "--rate", "50", "--out", str(out)],
+        env=ENVIRONMENT,
+        capture_output=True,
+        text=True,
+        timeout=220,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    written = json.loads(out.read_text())
+    assert written["engines"] == {"aiogpu@same": str(ROOT)}
+    assert [row["mode"] for row in written["rows"]] == ["to_thread", "aiogpu@same"]
+    assert written["rows"][1]["server"].endswith("waiting with aiogpu")
+    assert "aiogpu@same / to_thread capacity: " in result.stdout
 
 
 @pytest.mark.anyio

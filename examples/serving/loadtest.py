@@ -8,12 +8,15 @@ requests per second, whatever the answers). Taking the modes in turn, repeat aft
 each over the same stretch of time: a virtual machine's cores can run Python at half speed for
 seconds at a time (``benchmarks/README.md``). The load comes from ``--clients`` processes of
 aiohttp clients, and a separate process asks ``/health`` every 10 ms, so neither the clients'
-work nor their event loop's delays count in the server's figures. It reports requests per second,
-request latency p50 / p99 and ``/health`` p99, prints a line per phase and writes JSON to
-``--out``.
+work nor their event loop's delays count in the server's figures. ``--engine LABEL=TREE`` adds a
+server that waits like ``aiogpu`` with aiogpu imported from another source tree (mode
+``aiogpu@LABEL``): two engines compared in one run, on one machine. It reports requests per
+second, request latency p50 / p99, ``/health`` p99 and the server's ``/stats`` over the phase
+(batches, requests a batch, how late the waits were, CPU), prints them per phase and writes JSON
+to ``--out``.
 
 Run:  python examples/serving/loadtest.py [--server fastapi|aiohttp] [--repeats 3] [--seconds 10]
-          [--rate 1000] [--modes aiogpu aiogpu-thread to_thread blocking]
+          [--rate 1000] [--modes aiogpu aiogpu-thread to_thread blocking] [--engine LABEL=TREE]
 """
 
 # /// script
@@ -40,7 +43,18 @@ import aiohttp
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent))  # loadtools.py, shared with the other load tests
-from loadtools import call_json, cpu_list, free_port, percentile, pin, probe_health, stop_server, wait_until_healthy  # noqa: E402
+from loadtools import (  # noqa: E402
+    call_json,
+    cpu_list,
+    engines,
+    free_port,
+    percentile,
+    pin,
+    probe_health,
+    server_mode,
+    stop_server,
+    wait_until_healthy,
+)
 
 MODES = ("aiogpu", "aiogpu-thread", "to_thread", "blocking")
 START_MARGIN = 1.0  # seconds for the worker processes to be ready before a phase starts
@@ -152,9 +166,10 @@ async def run_phase(
     }
 
 
-def start_server(server_kind: str, mode: str, port: int) -> subprocess.Popen[bytes]:
-    command = [sys.executable, str(HERE / f"{server_kind}_server.py"), "--mode", mode, "--port", str(port)]
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+def start_server(server_kind: str, mode: str, port: int, engine_trees: dict[str, str]) -> subprocess.Popen[bytes]:
+    server_mode_, environment = server_mode(mode, engine_trees)
+    command = [sys.executable, str(HERE / f"{server_kind}_server.py"), "--mode", server_mode_, "--port", str(port)]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=environment)
 
 
 async def measure_mode(workers: ProcessPoolExecutor, port: int, mode: str, arguments: argparse.Namespace) -> dict[str, object]:
@@ -197,7 +212,8 @@ async def main(arguments: argparse.Namespace) -> None:
         f"{arguments.seconds:g} s per phase",
         flush=True,
     )
-    modes: list[str] = arguments.modes
+    engine_trees = engines(arguments.engine)
+    modes: list[str] = arguments.modes + list(engine_trees)
     spawn = multiprocessing.get_context("spawn")  # clean processes: no copy of this one's state
     client_cpus = cpu_list(arguments.client_cpus)
     servers: dict[str, tuple[int, subprocess.Popen[bytes]]] = {}
@@ -205,7 +221,7 @@ async def main(arguments: argparse.Namespace) -> None:
     try:
         for mode in modes:  # side by side: they load torch and capture their graphs together
             port = free_port()
-            servers[mode] = port, start_server(arguments.server, mode, port)
+            servers[mode] = port, start_server(arguments.server, mode, port, engine_trees)
             pin(servers[mode][1].pid, cpu_list(arguments.server_cpus))
         for port, server in servers.values():
             await asyncio.to_thread(wait_until_healthy, port, server)
@@ -219,14 +235,21 @@ async def main(arguments: argparse.Namespace) -> None:
     for row in rows:
         row["server"] = where[row["mode"]]  # type: ignore[index]
     for reference in ("to_thread", "blocking"):
-        if "aiogpu" in modes and reference in modes:
-            ratio = capacity_ratio(rows, "aiogpu", reference)
-            print(f"aiogpu / {reference} capacity: {ratio:.2f}x (median of {arguments.repeats})", flush=True)
+        for mode in ("aiogpu", *engine_trees):
+            if mode in modes and reference in modes:
+                ratio = capacity_ratio(rows, mode, reference)
+                print(f"{mode} / {reference} capacity: {ratio:.2f}x (median of {arguments.repeats})", flush=True)
     print(f"served by {where[modes[0]].removeprefix('serving on ')}", flush=True)
     if arguments.out:
         arguments.out.write_text(
             json.dumps(
-                {"server": arguments.server, "concurrency": arguments.concurrency, "clients": arguments.clients, "rows": rows},
+                {
+                    "server": arguments.server,
+                    "concurrency": arguments.concurrency,
+                    "clients": arguments.clients,
+                    "engines": engine_trees,
+                    "rows": rows,
+                },
                 indent=1,
             )
         )
@@ -244,5 +267,11 @@ if __name__ == "__main__":
     parser.add_argument("--rate", type=float, default=1000.0, help="requests per second of the bounded phase")
     parser.add_argument("--server-cpus", help='pin the servers to these CPUs ("0-7"; default: no pinning)')
     parser.add_argument("--client-cpus", help='pin the client processes to these CPUs ("8-15")')
+    parser.add_argument(
+        "--engine",
+        action="append",
+        metavar="LABEL=TREE",
+        help="also run an aiogpu server importing aiogpu from the source tree TREE, as mode aiogpu@LABEL",
+    )
     parser.add_argument("--out", type=Path)
     asyncio.run(main(parser.parse_args()))

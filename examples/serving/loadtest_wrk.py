@@ -17,10 +17,12 @@ lower p99 than ``to_thread`` in; and from the server's ``/stats`` how long the r
 each part of the server's work (waiting for a stream, enqueueing, awaiting the GPU, reading the
 outputs), and in the web app around that (reading and checking the body, writing the answer;
 where that falls short of wrk's latency, the request waited to be read or its answer to be sent). Prints a line per slice and two per repeat and mode, and writes ``--out`` (JSON) and a
-Markdown summary beside it.
+Markdown summary beside it. ``--engine LABEL=TREE`` adds a server that waits like ``aiogpu`` with
+aiogpu imported from another source tree (mode ``aiogpu@LABEL``): two engines compared in one
+run, on one machine.
 
 Run:  python examples/serving/loadtest_wrk.py [--wrk path/to/wrk] [--lend pool|queue] [--repeats 3]
-          [--slices 2] [--seconds 6] [--loop auto|asyncio|uvloop]
+          [--slices 2] [--seconds 6] [--loop auto|asyncio|uvloop] [--engine LABEL=TREE]
 """
 
 from __future__ import annotations
@@ -40,7 +42,17 @@ from typing import TYPE_CHECKING, Any
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent))  # loadtools.py, shared with the other load tests
-from loadtools import call_json, cpu_list, cpu_seconds, free_port, pin, stop_server, wait_until_healthy  # noqa: E402
+from loadtools import (  # noqa: E402
+    call_json,
+    cpu_list,
+    cpu_seconds,
+    engines,
+    free_port,
+    pin,
+    server_mode,
+    stop_server,
+    wait_until_healthy,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -161,18 +173,19 @@ class Server:
 
 def start(arguments: argparse.Namespace, mode: str) -> Server:
     port = free_port()
+    server_mode_, environment = server_mode(mode, engines(arguments.engine))
     command = [
         sys.executable,
         str(HERE / "per_request_server.py"),
         "--mode",
-        mode,
+        server_mode_,
         "--lend",
         arguments.lend,
         "--loop",
         arguments.loop,
     ]
     command += ["--port", str(port)]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=environment)
     pin(process.pid, cpu_list(arguments.server_cpus))
     return Server(mode, port, process)
 
@@ -191,7 +204,7 @@ def run_repeat(arguments: argparse.Namespace, repeat: int, script: Path) -> list
     """One server per mode, warmed up, then ``--slices`` rounds of a slice each; a row per mode."""
     taskset = ["taskset", "-c", arguments.client_cpus] if arguments.client_cpus else []
     wrk = [*taskset, arguments.wrk, "-t2", f"-c{arguments.connections}", "-s", str(script), "--latency"]
-    modes: list[str] = arguments.modes
+    modes: list[str] = arguments.modes + list(engines(arguments.engine))
     servers: list[Server] = []
     try:
         servers += [start(arguments, mode) for mode in modes]  # they load torch side by side
@@ -321,6 +334,12 @@ if __name__ == "__main__":
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--server-cpus", help='pin the servers to these CPUs ("0-7"; default: no pinning)')
     parser.add_argument("--client-cpus", help='pin wrk to these CPUs ("8-15")')
+    parser.add_argument(
+        "--engine",
+        action="append",
+        metavar="LABEL=TREE",
+        help="also run an aiogpu server importing aiogpu from the source tree TREE, as mode aiogpu@LABEL",
+    )
     parser.add_argument("--out", type=Path)
     options = parser.parse_args()
     results = main(options)
