@@ -69,13 +69,11 @@ def test_server_predicts_and_stays_healthy(kind: str) -> None:
         }
 
 
-@pytest.mark.timeout(240)
-@pytest.mark.slow
-def test_load_test_measures_every_mode_in_turn(tmp_path: Path) -> None:
-    out = tmp_path / "loadtest.json"
-    arguments = ["--repeats", "2", "--seconds", "1", "--warmup", "0.5", "--concurrency", "8", "--rate", "50", "--out", str(out)]
+def run_load_test(*arguments: str) -> subprocess.CompletedProcess[str]:
+    """The micro-batched load test, short and light (1 s phases, 8 connections, 50 requests/s)."""
+    light = ["--seconds", "1", "--warmup", "0.5", "--concurrency", "8", "--rate", "50"]
     result = subprocess.run(
-        [sys.executable, str(SERVING / "loadtest.py"), *arguments],
+        [sys.executable, str(SERVING / "loadtest.py"), *light, *arguments],
         env=ENVIRONMENT,
         capture_output=True,
         text=True,
@@ -83,6 +81,14 @@ def test_load_test_measures_every_mode_in_turn(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.slow
+def test_load_test_measures_every_mode_in_turn(tmp_path: Path) -> None:
+    out = tmp_path / "loadtest.json"
+    result = run_load_test("--repeats", "2", "--out", str(out))
     lines = result.stdout.strip().splitlines()
     measured = [line.split()[:2] for line in lines if "errors 0" in line]
     for mode in ("aiogpu", "aiogpu-thread", "to_thread", "blocking"):
@@ -130,16 +136,7 @@ def test_an_engine_to_compare_is_a_mode_whose_server_imports_aiogpu_from_its_tre
 @pytest.mark.slow
 def test_the_load_test_runs_an_engine_to_compare_beside_the_modes(tmp_path: Path) -> None:
     out = tmp_path / "loadtest.json"
-    arguments = ["--modes", "to_thread", "--engine", f"same={ROOT}", "--repeats", "1", "--seconds", "1", "--warmup", "0.5"]
-    result = subprocess.run(
-        [sys.executable, str(SERVING / "loadtest.py"), *arguments, "--concurrency", "8", "--rate", "50", "--out", str(out)],
-        env=ENVIRONMENT,
-        capture_output=True,
-        text=True,
-        timeout=220,
-        check=False,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+    result = run_load_test("--modes", "to_thread", "--engine", f"same={ROOT}", "--repeats", "1", "--out", str(out))
     written = json.loads(out.read_text())
     assert written["engines"] == {"aiogpu@same": str(ROOT)}
     assert [row["mode"] for row in written["rows"]] == ["to_thread", "aiogpu@same"]
