@@ -1050,7 +1050,9 @@ async def _thread_wait_pokes(sim: SimulatedDriver, monkeypatch: pytest.MonkeyPat
             async with anyio.create_task_group() as tg:
                 tg.start_soon(partial(event.wait, strategy="thread"))
                 assert await anyio.to_thread.run_sync(watching.wait, 10.0)
-                await anyio.to_thread.run_sync(poked.wait, 0.05)  # a poke is scheduled before the watch
+                # A poke is scheduled before the watch: given half a second to arrive on a loaded
+                # machine (a wait that pokes nobody spends it all).
+                await anyio.to_thread.run_sync(poked.wait, 0.5)
                 await anyio.wait_all_tasks_blocked()
                 pending_pokes = pokes
                 work.release()
