@@ -171,9 +171,9 @@ class Server:
         return f"http://127.0.0.1:{self.port}/predict"
 
 
-def start(arguments: argparse.Namespace, mode: str) -> Server:
+def start(arguments: argparse.Namespace, mode: str, engine_trees: dict[str, str]) -> Server:
     port = free_port()
-    server_mode_, environment = server_mode(mode, engines(arguments.engine))
+    server_mode_, environment = server_mode(mode, engine_trees)
     command = [
         sys.executable,
         str(HERE / "per_request_server.py"),
@@ -204,10 +204,11 @@ def run_repeat(arguments: argparse.Namespace, repeat: int, script: Path) -> list
     """One server per mode, warmed up, then ``--slices`` rounds of a slice each; a row per mode."""
     taskset = ["taskset", "-c", arguments.client_cpus] if arguments.client_cpus else []
     wrk = [*taskset, arguments.wrk, "-t2", f"-c{arguments.connections}", "-s", str(script), "--latency"]
-    modes: list[str] = arguments.modes + list(engines(arguments.engine))
+    engine_trees = engines(arguments.engine)
+    modes: list[str] = arguments.modes + list(engine_trees)
     servers: list[Server] = []
     try:
-        servers += [start(arguments, mode) for mode in modes]  # they load torch side by side
+        servers += [start(arguments, mode, engine_trees) for mode in modes]  # they load torch side by side
         for server in servers:
             wait_until_healthy(server.port, server.process)
             subprocess.run([*wrk, f"-d{arguments.warmup}s", server.url], capture_output=True, check=True)
