@@ -70,6 +70,12 @@ HEURISTICS: dict[str, list[tuple[str, str, Any]]] = {
     # A back-off query before a predicted completion is made only EARLY_POLL_SLACK before the
     # close watch at the latest. Zero: right up to it.
     "early poll slack": [(_POLICY, "EARLY_POLL_SLACK", 0.0)],
+    # auto spaces a predicted head's queries in its watch once a pause reaches SPACED_MIN.
+    # Infinite: a query every beat in the watch (and every back-off cap past it).
+    "spaced auto watch": [(_POLICY, "SPACED_MIN", math.inf)],
+    # Before its watch, auto looks at a predicted head at halves of the time left. One: only
+    # every back-off cap.
+    "early halving": [(_POLICY, "EARLY_SHARE", 1.0)],
     # Back-off intervals are jittered by up to COLD_POLL_JITTER. Zero: exact.
     "cold poll jitter": [(_POLICY, "COLD_POLL_JITTER", 0.0)],
     # auto parks at most AUTO_WATCH_MAX streams' heads on its waiter thread. No cap.

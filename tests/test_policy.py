@@ -3,6 +3,7 @@ loop, a thread or a driver."""
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -81,8 +82,82 @@ def test_a_loop_is_busy_from_the_share_of_its_time_it_ran() -> None:
     assert not _policy.loop_was_busy(0.0, 0.0)  # no time passed: nothing to say
 
 
-def test_before_a_predicted_watch_a_back_off_query_comes_first_unless_it_could_delay_the_watch() -> None:
+def test_before_a_predicted_poll_watch_a_back_off_query_comes_first_unless_it_could_delay_the_watch() -> None:
     slack = _policy.EARLY_POLL_SLACK
-    assert _policy.early_look(1.0, 1.0 + 2 * slack, "auto") == (1.0, False)
-    assert _policy.early_look(1.0, 1.0 + slack / 2, "auto") == (1.0 + slack / 2, True)  # precisely
-    assert _policy.early_look(1.0, 1.0 + slack / 2, "poll") == (1.0 + slack / 2, False)  # loop timers only
+    assert _policy.early_look(1.0, 1.0 + 2 * slack) == 1.0
+    assert _policy.early_look(1.0, 1.0 + slack / 2) == 1.0 + slack / 2
+
+
+def _auto_looks(estimate: float, ends: float, beat: float = 1e-6) -> list[float]:
+    """The times ``auto_look`` has a head queried whose work, started at 0 and predicted to take
+    ``estimate``, ends at ``ends``: each query is made when due (at each beat when due now)."""
+    watch = _watch("auto", estimate)
+    now, last_query, looks = 0.0, 0.0, []
+    while True:
+        look = _policy.auto_look(now, estimate, estimate, watch, last_query)
+        now = max(look, now + beat)
+        looks.append(now)
+        if now >= ends:
+            return looks
+        last_query = now
+
+
+def test_auto_looks_before_the_watch_at_halves_of_the_time_left_then_watches() -> None:
+    estimate = 8e-3
+    watch_from = _watch("auto", estimate)[0]
+    looks = _auto_looks(estimate, ends=estimate)
+    # half the prediction, then half of what was left, until a twentieth of it is left
+    assert looks[:3] == pytest.approx([4e-3, 6e-3, 7e-3])
+    assert watch_from in looks and looks[looks.index(watch_from) - 1] == pytest.approx(7.5e-3)
+    assert looks[looks.index(watch_from) - 1] <= estimate * (1 - _policy.EARLY_UNTIL)
+
+
+def test_auto_looks_no_further_apart_than_the_back_off_cap_before_the_watch() -> None:
+    cap = _policy.COLD_POLL["auto"][1]
+    looks = _auto_looks(1.0, ends=0.1)  # predicted far too long: the work ends at a tenth
+    assert looks[0] == pytest.approx(cap)
+    assert max(later - earlier for earlier, later in itertools.pairwise(looks)) <= cap + 1e-9
+    assert looks[-1] - 0.1 <= cap
+
+
+@pytest.mark.parametrize("estimate", [200e-6, 5e-3])
+def test_short_work_is_watched_at_every_beat_around_its_prediction(estimate: float) -> None:
+    watch_from, watch_until = _watch("auto", estimate)
+    spaced_from = _policy.spaced_from(estimate, estimate, watch_from)
+    assert spaced_from == estimate + _policy.SPACED_MIN / _policy.OVERDUE_SPACING
+    beats_until = min(watch_until, spaced_from)  # then a query every SPACED_MIN at least
+    for now in (watch_from, estimate, beats_until - 1e-6):
+        assert _policy.auto_look(now, estimate, estimate, (watch_from, watch_until), last_query=now) == now
+    after = beats_until + 1e-6
+    assert _policy.auto_look(after, estimate, estimate, (watch_from, watch_until), last_query=after) > after
+
+
+def test_long_work_is_queried_a_share_of_the_prediction_apart_in_its_watch() -> None:
+    estimate = 24e-3
+    watch = _watch("auto", estimate)
+    pause = _policy.PRECISION * estimate
+    assert pause >= _policy.SPACED_MIN
+    assert _policy.spaced_from(estimate, estimate, watch[0]) == watch[0]
+    assert _policy.auto_look(watch[0], estimate, estimate, watch, last_query=watch[0]) == pytest.approx(watch[0] + pause)
+
+
+@pytest.mark.parametrize("overdue", [1e-3, 10e-3, 50e-3])
+def test_overdue_work_is_queried_a_tenth_of_its_lateness_apart_up_to_the_cap(overdue: float) -> None:
+    estimate = 24e-3
+    now = estimate + overdue
+    look = _policy.auto_look(now, estimate, estimate, _watch("auto", estimate), last_query=now)
+    expected_pause = min(max(_policy.OVERDUE_SPACING * overdue, _policy.PRECISION * estimate), _policy.COLD_POLL["auto"][1])
+    assert look == pytest.approx(now + expected_pause)
+
+
+def test_work_far_behind_its_prediction_costs_queries_that_grow_with_the_log_of_its_lateness() -> None:
+    estimate = 24e-3
+    few = len(_auto_looks(estimate, ends=estimate + 5e-3))
+    many = len(_auto_looks(estimate, ends=estimate + 50e-3))
+    assert few < 40
+    assert many < 2 * few
+    # and it is noticed at most a tenth of its lateness (or the spacing in its watch) late
+    for late in (2e-3, 5e-3, 20e-3):
+        ends = estimate + late
+        noticed = _auto_looks(estimate, ends=ends)[-1]
+        assert noticed - ends <= max(_policy.OVERDUE_SPACING * (noticed - estimate), _policy.PRECISION * estimate) + 1e-9

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import itertools
 import math
 import sys
 import threading
@@ -339,7 +340,7 @@ async def test_callback_watchdog_reports_a_fault(sim: SimulatedDriver) -> None:
 
 
 @pytest.mark.anyio
-async def test_a_long_precise_park_has_the_timer_wake_the_loop_once_at_the_close_watch(
+async def test_a_long_predicted_wait_is_looked_at_halfway_then_parks_until_its_close_watch(
     sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from aiogpu._wait import _policy, _registry, _timer
@@ -358,17 +359,24 @@ async def test_a_long_precise_park_has_the_timer_wake_the_loop_once_at_the_close
             for _ in range(4):  # the stream's work is predicted from here on
                 sim.launch(stream, seconds=0.04)
                 await stream.record().wait(strategy="auto")
-            # No back-off queries before the prediction: the whole sleep is the precise park.
-            monkeypatch.setitem(_policy.COLD_POLL, "auto", (1.0, 1.0))
             monkeypatch.setattr(_timer.Timer, "call_at", noted)
             sim.launch(stream, seconds=0.04)
             event = stream.record()
             async with anyio.create_task_group() as tg:
                 tg.start_soon(partial(event.wait, strategy="auto"))
                 await anyio.wait_all_tasks_blocked()
-                watch_from = next(iter(watcher._queues.values())).watch_from
+                queue = next(iter(watcher._queues.values()))
+                start, expected, watch_from = queue.start, queue.expected, queue.watch_from
             assert event.is_done
-    assert [when for when in asked if when <= watch_from] == [watch_from]
+    early = [when for when in asked if when <= watch_from]
+    # Each look comes when half the time left to the prediction has passed (the back-off cap
+    # apart at most), until a twentieth of the prediction is left; then the close watch.
+    estimate = expected - start
+    assert early[-1] == watch_from
+    assert early[0] == pytest.approx(start + min(estimate / 2, _policy.COLD_POLL["auto"][1]), abs=1e-3)
+    assert all(later > earlier for earlier, later in itertools.pairwise(early))
+    assert expected - early[-2] >= _policy.EARLY_UNTIL * estimate
+    assert len(early) <= 7
 
 
 def _asked_from_now_on(sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch) -> set[int]:

@@ -14,6 +14,7 @@ Rules this file keeps:
 from __future__ import annotations
 
 import itertools
+import math
 import operator
 from collections import deque
 from typing import TYPE_CHECKING
@@ -108,12 +109,15 @@ class Queue:
         "early_backoff",
         "early_poll",
         "entries",
+        "expected",
         "key",
         "last_query",
+        "next_look",
         "next_poll",
         "predictor",
         "previous_done",
         "progressed",
+        "spaced_from",
         "start",
         "unlearned",
         "watch_from",
@@ -130,6 +134,11 @@ class Queue:
         self.backstop_index = 0  # the head's position among the events its waiter thread queries
         self.start = self.watch_from = self.watch_until = self.next_poll = self.last_query = 0.0
         self.backoff = self.early_backoff = self.early_poll = 0.0
+        # ``auto``'s watch of a predicted head (``_policy.auto_look``): the predicted completion
+        # (``inf`` when nothing is predicted or the strategy is another), when its close watch
+        # starts to space its queries, and its next look (until then, sweeps leave it alone).
+        self.expected = self.spaced_from = math.inf
+        self.next_look = 0.0
         self.unlearned: tuple[float, float] | None = None  # (pending, done) not yet told the predictor
 
 

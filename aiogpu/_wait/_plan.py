@@ -5,14 +5,17 @@ Rules this file keeps:
 1. Where to watch from is the strategy's choice, per stream queue (the head's strategy):
    ``auto`` watches closely on the loop (query, yield, query...) near the completion — right
    after the wait starts, and from just before the predicted completion (``_predict``) — and
-   otherwise parks: on the precise timer thread until the predicted time, or, when nothing is
-   predicted, on one waiter thread (``_thread``'s watch) that queries the heads of all such
-   streams in turn (at most ``AUTO_WATCH_MAX``; the rest are queried on the back-off
-   schedule) and wakes the loop at the first one done. ``poll`` does the same with loop
-   timers only (no thread at all), so it parks coarsely and watches for longer. ``thread``
-   never watches on the loop: a waiter thread sleeps until just before the predicted
-   completion, watches closely itself, else queries with growing pauses, and pokes the loop.
-   ``callback`` has the GPU ring the doorbell (``_doorbell``, ``_helpers``).
+   otherwise parks: on the precise timer thread until its next look (``_policy.auto_look``:
+   at halves of the time left to the prediction, then spaced queries past it, for work long
+   or late enough that a query a beat is not needed), or, when nothing is predicted, on one
+   waiter thread (``_thread``'s watch) that queries the heads of all such streams in turn (at
+   most ``AUTO_WATCH_MAX``; the rest are queried on the back-off schedule) and wakes the loop
+   at the first one done. The sweeps leave a spaced head alone until its look is due.
+   ``poll`` does the same with loop timers only (no thread at all), so it parks coarsely and
+   watches for longer. ``thread`` never watches on the loop: a waiter thread sleeps until
+   just before the predicted completion, watches closely itself, else queries with growing
+   pauses, and pokes the loop. ``callback`` has the GPU ring the doorbell (``_doorbell``,
+   ``_helpers``).
 2. Every cold queue is also queried on a back-off schedule, so a waiter thread that is queued
    behind a saturated pool, or a host-side hazard, costs latency, never a hang.
 3. The numbers come from ``_policy``'s planners; this file only carries their plans out on
@@ -63,6 +66,12 @@ class Planner(Sweep):
         queue.backoff = queue.early_backoff = backoff
         queue.early_poll = now + backoff
         queue.progressed = after_progress
+        queue.next_look = 0.0
+        if mode == "auto" and estimate is not None:
+            queue.expected = start + estimate
+            queue.spaced_from = _policy.spaced_from(queue.expected, estimate, queue.watch_from)
+        else:
+            queue.expected = queue.spaced_from = math.inf
         if mode == "thread":
             self._start_backstop(queue, queue.watch_from if estimate is not None else None)
         elif mode == "callback":
@@ -76,22 +85,36 @@ class Planner(Sweep):
         """
         queues = self._queues.values()
         off_loop = OFF_LOOP
-        for queue in queues:
-            if queue.entries[0].mode not in off_loop and (queue.progressed or queue.watch_from <= now <= queue.watch_until):
-                self._drop_auto_watch()
-                return now, False
         wake_at, precise = math.inf, False
+        for queue in queues:
+            if queue.entries[0].mode in off_loop:
+                continue
+            if queue.expected < math.inf and not queue.progressed:  # ``auto``, predicted
+                last_query = max(queue.last_query, queue.start)
+                estimate = queue.expected - queue.start
+                look = _policy.auto_look(now, queue.expected, estimate, (queue.watch_from, queue.watch_until), last_query)
+                if look > now:
+                    queue.next_look = look  # the sweeps leave it alone until then
+                    if look < wake_at:
+                        wake_at, precise = look, True
+                    continue
+            elif not queue.progressed and not queue.watch_from <= now <= queue.watch_until:
+                continue
+            self._drop_auto_watch()
+            return now, False
         parked_auto = []
         for queue in queues:
+            if queue.expected < math.inf:
+                continue  # ``auto``, predicted: planned above
             mode = queue.entries[0].mode
             if mode not in off_loop and now < queue.watch_from:
                 # Asked on the back-off schedule meanwhile: a prediction can be far too long (one
                 # long piece of work on the stream, then short ones: seconds late otherwise).
                 if now >= queue.early_poll:  # it was just queried by the sweep: back off
                     queue.early_poll, queue.early_backoff = _policy.back_off(now, queue.early_backoff, mode)
-                look_at, look_precisely = _policy.early_look(queue.early_poll, queue.watch_from, mode)
+                look_at = _policy.early_look(queue.early_poll, queue.watch_from)
                 if look_at < wake_at:
-                    wake_at, precise = look_at, look_precisely
+                    wake_at, precise = look_at, False
                 continue
             if mode == "auto":
                 parked_auto.append(queue)
@@ -112,9 +135,9 @@ class Planner(Sweep):
             self._drop_backstop(next(iter(self._auto_watched)))
 
     def _watch_auto(self, parked: list[Queue]) -> None:
-        """Park the heads of ``auto`` queues that nothing predicts (or whose prediction ran out)
-        on one waiter thread that queries them in turn (a watch); a new watch when one of them
-        is not in a live one (a watch that saw a completion has ended)."""
+        """Park the heads of ``auto`` queues that nothing predicts on one waiter thread that
+        queries them in turn (a watch); a new watch when one of them is not in a live one (a
+        watch that saw a completion has ended)."""
         wanted = [queue for queue in parked if queue.entries[0].waiters][: _policy.AUTO_WATCH_MAX]
         if all(queue.backstop is not None and not queue.backstop.detected_at for queue in wanted):
             return

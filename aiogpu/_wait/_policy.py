@@ -43,6 +43,25 @@ EARLY_POLL_SLACK = 2e-3
 WATCH_PAST_SHARE = 0.25
 WATCH_PAST_MIN = 100e-6
 
+#: How ``auto`` watches a head whose completion is predicted (``auto_look``). Before its close
+#: watch, it looks when ``EARLY_SHARE`` of the time left to the prediction has passed (at half the
+#: prediction first, then at three quarters...; ``COLD_POLL``'s cap apart at most, in case the
+#: prediction is far too long) until less than ``EARLY_UNTIL`` of the prediction is left: work that
+#: ends early is noticed within that share of how early it ended, or of the prediction. From the
+#: close watch on, it queries at every beat while that is precise enough, and otherwise spaces its
+#: queries by ``PRECISION`` of the prediction or, once the prediction has passed, by
+#: ``OVERDUE_SPACING`` of the time the work is overdue (whichever is longer, up to ``COLD_POLL``'s
+#: cap), parked precisely in between: work that ends late is noticed within a tenth of how late it
+#: ended. A pause under ``SPACED_MIN`` is not worth a park. A long wait so costs a few dozen
+#: queries however far its work runs from the prediction (work whose length varies by
+#: milliseconds: two streams sharing the GPU), where a query every beat would keep the loop busy
+#: for as long as the work outruns the prediction.
+EARLY_SHARE = 0.5
+EARLY_UNTIL = 0.05
+PRECISION = 0.005
+OVERDUE_SPACING = 0.1
+SPACED_MIN = 50e-6
+
 #: ``auto`` parks the unpredicted heads of at most this many streams on its one waiter thread;
 #: the others are queried on the back-off schedule (the thread's wake-up makes the loop sweep
 #: them all). A round of queries costs a few µs a stream, up to a round a millisecond while the
@@ -127,15 +146,36 @@ def plan_head(mode: WaitStrategy, start: float, estimate: float | None, now: flo
     return watch_from, watch_until, next_poll, backoff
 
 
-def early_look(early_poll: float, watch_from: float, mode: WaitStrategy) -> tuple[float, bool]:
-    """Before a predicted head's close watch: when to look next and whether precisely.
+def auto_look(now: float, expected: float, estimate: float, watch: tuple[float, float], last_query: float) -> float:
+    """When ``auto`` next queries a head predicted to take ``estimate`` and end at ``expected``
+    (``<= now``: at every beat from now on; later: parked precisely until then). ``watch`` is
+    its close watch (``plan_head``); ``last_query`` when it was last seen pending (the head's
+    start at the earliest)."""
+    watch_from, watch_until = watch
+    if now < watch_from:
+        look = last_query + min(EARLY_SHARE * (expected - last_query), COLD_POLL["auto"][1])
+        return watch_from if expected - look < EARLY_UNTIL * estimate or watch_from - look < SPACED_MIN else look
+    pause = max(PRECISION * estimate, OVERDUE_SPACING * (now - expected))
+    if pause < SPACED_MIN:
+        if now <= watch_until:
+            return now
+        pause = SPACED_MIN
+    return last_query + min(pause, COLD_POLL["auto"][1])
 
-    A back-off query (``early_poll``) comes first unless a late loop timer could then delay
-    the watch (``EARLY_POLL_SLACK``); else the watch's start, precisely for ``auto``.
-    """
-    if early_poll + EARLY_POLL_SLACK < watch_from:
-        return early_poll, False
-    return watch_from, mode == "auto"
+
+def spaced_from(expected: float, estimate: float, watch_from: float) -> float:
+    """When ``auto_look`` starts to space the close watch's queries (its pause reaches
+    ``SPACED_MIN``): a lone stream's close watch leaves its beats then."""
+    if PRECISION * estimate >= SPACED_MIN:
+        return watch_from
+    return expected + SPACED_MIN / OVERDUE_SPACING
+
+
+def early_look(early_poll: float, watch_from: float) -> float:
+    """Before a predicted ``poll`` head's close watch (on loop timers): when to look next. A
+    back-off query (``early_poll``) comes first unless a late loop timer could then delay the
+    watch (``EARLY_POLL_SLACK``); else the watch's start. (``auto``: ``auto_look``.)"""
+    return early_poll if early_poll + EARLY_POLL_SLACK < watch_from else watch_from
 
 
 def loop_was_busy(elapsed: float, cpu: float) -> bool:

@@ -9,14 +9,17 @@ Rules this file keeps:
    means every wait before it on the stream is (k done cost O(log k) queries, not one each).
    A stream whose last sweep completed something is watched closely on the next beat too:
    more of it tends to finish meanwhile.
-2. A sweep wakes the tasks it found done oldest wait first, across its streams; one that has
+2. A head that ``auto`` watches spaced (``_policy.auto_look``) is asked only once its look is
+   due, unless a sweep completed something: from then on, and in the next sweep, every head
+   is asked.
+3. A sweep wakes the tasks it found done oldest wait first, across its streams; one that has
    woken ``SWEEP_WAKE_BUDGET`` tasks yields before the next stream, so they run while the GPU
    finishes the rest; the next sweep starts where it stopped.
-3. Completing a wait happens in one place, ``Sweep._complete_oldest``: the lone wait's close
+4. Completing a wait happens in one place, ``Sweep._complete_oldest``: the lone wait's close
    watch, the sweep and a failed query all complete through it.
-4. Query failures (``CudaError``, for example a sticky kernel fault) are delivered to every
+5. Query failures (``CudaError``, for example a sticky kernel fault) are delivered to every
    waiter of that stream; nothing raised here reaches the loop.
-5. How to watch a queue's new head is not decided here: ``_new_head`` and ``_drop_backstop``
+6. How to watch a queue's new head is not decided here: ``_new_head`` and ``_drop_backstop``
    are the planner's (``_plan``).
 """
 
@@ -46,6 +49,9 @@ class Sweep:
         self._idle_queues: dict[object, Queue] = {}  # streams waited on lately, oldest first
         self._woken = 0  # waiting tasks woken by the current sweep
         self._waking: list[Waiters] = []  # completed, their tasks not yet woken (``_wake``)
+        # A sweep completed something: the next one asks every head, spaced ones too (work
+        # released at once on many streams completes on several at once).
+        self._progress = False
         # The last burst search found its stream's newest wait done: the loop is behind the GPU
         # (a released backlog), so the next stream with a backlog is asked about its newest first.
         self._behind = False
@@ -140,8 +146,12 @@ class Sweep:
         order = list(queues.values())
         swept = []
         budget = _policy.SWEEP_WAKE_BUDGET
+        every_head, self._progress = self._progress, False
         for position, queue in enumerate(order, 1):
-            self._sweep_queue(queue, now)
+            if every_head or queue.next_look <= now:  # a spaced head is left alone until due
+                self._sweep_queue(queue, now)
+                if queue.progressed:
+                    every_head = self._progress = True
             if not queue.entries:
                 self._retire(queue)
             else:

@@ -136,8 +136,8 @@ class Watcher(Planner):
                 wake_at, precise = self._plan(now)
                 if wake_at > now:
                     await self._park(now, wake_at, precise)
-                elif len(self._queues) == 1:
-                    if await self._watch_only_queue(next(iter(self._queues.values()))) and until is not None and until.done():
+                elif len(self._queues) == 1 and self._beats(queue := next(iter(self._queues.values())), now):
+                    if await self._watch_only_queue(queue) and until is not None and until.done():
                         return  # its own wait is over: straight back to the task (the close watch checkpointed)
                 else:
                     await self.backend.yield_now()
@@ -151,6 +151,13 @@ class Watcher(Planner):
                 self._hand_over()
 
     # -- the close watch of a lone stream -----------------------------------------------------
+    @staticmethod
+    def _beats(queue: Queue, now: float) -> bool:
+        """Whether the queue's head is watched at every beat now: just after progress, or in its
+        close watch, short of where ``auto`` spaces its queries (``_policy.auto_look``). A
+        spaced query that fell due between a sweep and its plan is left to the next sweep."""
+        return queue.progressed or queue.watch_from <= now <= min(queue.watch_until, queue.spaced_from)
+
     async def _watch_only_queue(self, queue: Queue) -> bool:
         """The close watch of a lone stream, lean: query its head at every beat, and nothing else.
 
@@ -162,7 +169,7 @@ class Watcher(Planner):
         head = queue.entries[0]
         target = head.target
         query, handle, generation = target._driver.event_query, target._handle, head.generation
-        watch_until = queue.watch_until
+        watch_from, watch_until = queue.watch_from, min(queue.watch_until, queue.spaced_from)  # (``_beats``)
         queues, entries = self._queues, queue.entries
         yield_now, clock = self.backend.yield_now, time.perf_counter
         idle_beat, idle_spin = _policy.IDLE_BEAT, _policy.IDLE_SPIN
@@ -175,7 +182,7 @@ class Watcher(Planner):
             if target._generation != generation:
                 return False
             now = clock()
-            if now > watch_until and not queue.progressed:
+            if not (queue.progressed or watch_from <= now <= watch_until):
                 return False
             spin_until = now + idle_spin if now - yielded_at < idle_beat else now
             try:
@@ -280,9 +287,10 @@ class Watcher(Planner):
         park = self._parked
         if park is None:
             return True
+        now = time.perf_counter()
         for queue in self._queues.values():
             head = queue.entries[0]
-            if head.mode in OFF_LOOP or not head.waiters:
+            if head.mode in OFF_LOOP or not head.waiters or queue.next_look > now:
                 continue
             target = head.target
             try:
