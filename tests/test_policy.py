@@ -94,7 +94,7 @@ def _auto_looks(estimate: float, ends: float, beat: float = 1e-6) -> list[float]
     watch = _watch("auto", estimate)
     now, last_query, looks = 0.0, 0.0, []
     while True:
-        look = _policy.auto_look(now, estimate, estimate, watch, last_query)
+        look, _ = _policy.auto_look(now, estimate, estimate, watch, last_query)
         now = max(look, now + beat)
         looks.append(now)
         if now >= ends:
@@ -104,12 +104,17 @@ def _auto_looks(estimate: float, ends: float, beat: float = 1e-6) -> list[float]
 
 def test_auto_looks_before_the_watch_at_halves_of_the_time_left_then_watches() -> None:
     estimate = 8e-3
-    watch_from = _watch("auto", estimate)[0]
+    watch = _watch("auto", estimate)
     looks = _auto_looks(estimate, ends=estimate)
-    # half the prediction, then half of what was left, until a twentieth of it is left
-    assert looks[:3] == pytest.approx([4e-3, 6e-3, 7e-3])
-    assert watch_from in looks and looks[looks.index(watch_from) - 1] == pytest.approx(7.5e-3)
-    assert looks[looks.index(watch_from) - 1] <= estimate * (1 - _policy.EARLY_UNTIL)
+    # half the prediction, then half of what was left, until the slack of a loop timer is left
+    assert looks[:3] == pytest.approx([4e-3, 6e-3, watch[0]])
+    # on loop timers, but for the watch's start
+    assert _policy.auto_look(0.0, estimate, estimate, watch, 0.0) == (4e-3, False)
+    assert _policy.auto_look(4e-3, estimate, estimate, watch, 4e-3) == (6e-3, True)  # a late one would delay the watch
+    assert _policy.auto_look(6e-3, estimate, estimate, watch, 6e-3) == (watch[0], True)
+    long = 400e-3  # a twentieth of the prediction is more than the slack
+    early = [look for look in _auto_looks(long, ends=long) if look < _watch("auto", long)[0]]
+    assert long - early[-1] >= _policy.EARLY_UNTIL * long > long - (early[-1] + (long - early[-1]) / 2)
 
 
 def test_auto_looks_no_further_apart_than_the_back_off_cap_before_the_watch() -> None:
@@ -127,9 +132,9 @@ def test_short_work_is_watched_at_every_beat_around_its_prediction(estimate: flo
     assert spaced_from == estimate + _policy.SPACED_MIN / _policy.OVERDUE_SPACING
     beats_until = min(watch_until, spaced_from)  # then a query every SPACED_MIN at least
     for now in (watch_from, estimate, beats_until - 1e-6):
-        assert _policy.auto_look(now, estimate, estimate, (watch_from, watch_until), last_query=now) == now
+        assert _policy.auto_look(now, estimate, estimate, (watch_from, watch_until), last_query=now) == (now, True)
     after = beats_until + 1e-6
-    assert _policy.auto_look(after, estimate, estimate, (watch_from, watch_until), last_query=after) > after
+    assert _policy.auto_look(after, estimate, estimate, (watch_from, watch_until), last_query=after)[0] > after
 
 
 def test_long_work_is_queried_a_share_of_the_prediction_apart_in_its_watch() -> None:
@@ -138,14 +143,15 @@ def test_long_work_is_queried_a_share_of_the_prediction_apart_in_its_watch() -> 
     pause = _policy.PRECISION * estimate
     assert pause >= _policy.SPACED_MIN
     assert _policy.spaced_from(estimate, estimate, watch[0]) == watch[0]
-    assert _policy.auto_look(watch[0], estimate, estimate, watch, last_query=watch[0]) == pytest.approx(watch[0] + pause)
+    assert _policy.auto_look(watch[0], estimate, estimate, watch, last_query=watch[0]) == (pytest.approx(watch[0] + pause), True)
 
 
 @pytest.mark.parametrize("overdue", [1e-3, 10e-3, 50e-3])
 def test_overdue_work_is_queried_a_tenth_of_its_lateness_apart_up_to_the_cap(overdue: float) -> None:
     estimate = 24e-3
     now = estimate + overdue
-    look = _policy.auto_look(now, estimate, estimate, _watch("auto", estimate), last_query=now)
+    look, precisely = _policy.auto_look(now, estimate, estimate, _watch("auto", estimate), last_query=now)
+    assert precisely
     expected_pause = min(max(_policy.OVERDUE_SPACING * overdue, _policy.PRECISION * estimate), _policy.COLD_POLL["auto"][1])
     assert look == pytest.approx(now + expected_pause)
 

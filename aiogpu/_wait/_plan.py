@@ -92,11 +92,14 @@ class Planner(Sweep):
             if queue.expected < math.inf and not queue.progressed:  # ``auto``, predicted
                 last_query = max(queue.last_query, queue.start)
                 estimate = queue.expected - queue.start
-                look = _policy.auto_look(now, queue.expected, estimate, (queue.watch_from, queue.watch_until), last_query)
+                look, look_precisely = _policy.auto_look(
+                    now, queue.expected, estimate, (queue.watch_from, queue.watch_until), last_query
+                )
                 if look > now:
-                    queue.next_look = look  # the sweeps leave it alone until then
+                    # The sweeps leave it alone until then (a loop timer may fire a little early).
+                    queue.next_look = look if look_precisely else look - _policy.LOOP_TIMER_SLACK
                     if look < wake_at:
-                        wake_at, precise = look, True
+                        wake_at, precise = look, look_precisely
                     continue
             elif not queue.progressed and not queue.watch_from <= now <= queue.watch_until:
                 continue

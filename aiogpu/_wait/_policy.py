@@ -46,16 +46,16 @@ WATCH_PAST_MIN = 100e-6
 #: How ``auto`` watches a head whose completion is predicted (``auto_look``). Before its close
 #: watch, it looks when ``EARLY_SHARE`` of the time left to the prediction has passed (at half the
 #: prediction first, then at three quarters...; ``COLD_POLL``'s cap apart at most, in case the
-#: prediction is far too long) until less than ``EARLY_UNTIL`` of the prediction is left: work that
-#: ends early is noticed within that share of how early it ended, or of the prediction. From the
-#: close watch on, it queries at every beat while that is precise enough, and otherwise spaces its
-#: queries by ``PRECISION`` of the prediction or, once the prediction has passed, by
-#: ``OVERDUE_SPACING`` of the time the work is overdue (whichever is longer, up to ``COLD_POLL``'s
-#: cap), parked precisely in between: work that ends late is noticed within a tenth of how late it
-#: ended. A pause under ``SPACED_MIN`` is not worth a park. A long wait so costs a few dozen
-#: queries however far its work runs from the prediction (work whose length varies by
-#: milliseconds: two streams sharing the GPU), where a query every beat would keep the loop busy
-#: for as long as the work outruns the prediction.
+#: prediction is far too long), on the loop's timers, until less than ``EARLY_UNTIL`` of the
+#: prediction or ``EARLY_POLL_SLACK`` is left: work that ends early is noticed within that share of
+#: how early it ended, or that much. From the close watch on, it queries at every beat while that
+#: is precise enough, and otherwise spaces its queries by ``PRECISION`` of the prediction or, once
+#: the prediction has passed, by ``OVERDUE_SPACING`` of the time the work is overdue (whichever is
+#: longer, up to ``COLD_POLL``'s cap), parked precisely in between: work that ends late is noticed
+#: within a tenth of how late it ended. A pause under ``SPACED_MIN`` is not worth a park. A long
+#: wait so costs a few dozen queries however far its work runs from the prediction (work whose
+#: length varies by milliseconds: two streams sharing the GPU), where a query every beat would keep
+#: the loop busy for as long as the work outruns the prediction.
 EARLY_SHARE = 0.5
 EARLY_UNTIL = 0.05
 PRECISION = 0.005
@@ -146,21 +146,23 @@ def plan_head(mode: WaitStrategy, start: float, estimate: float | None, now: flo
     return watch_from, watch_until, next_poll, backoff
 
 
-def auto_look(now: float, expected: float, estimate: float, watch: tuple[float, float], last_query: float) -> float:
+def auto_look(now: float, expected: float, estimate: float, watch: tuple[float, float], last_query: float) -> tuple[float, bool]:
     """When ``auto`` next queries a head predicted to take ``estimate`` and end at ``expected``
-    (``<= now``: at every beat from now on; later: parked precisely until then). ``watch`` is
-    its close watch (``plan_head``); ``last_query`` when it was last seen pending (the head's
-    start at the earliest)."""
+    (``<= now``: at every beat from now on) and whether precisely (else on a loop timer, which
+    may fire up to ``LOOP_TIMER_SLACK`` off). ``watch`` is its close watch (``plan_head``);
+    ``last_query`` when it was last seen pending (the head's start at the earliest)."""
     watch_from, watch_until = watch
     if now < watch_from:
         look = last_query + min(EARLY_SHARE * (expected - last_query), COLD_POLL["auto"][1])
-        return watch_from if expected - look < EARLY_UNTIL * estimate or watch_from - look < SPACED_MIN else look
+        if expected - look < max(EARLY_UNTIL * estimate, EARLY_POLL_SLACK) or watch_from - look < SPACED_MIN:
+            return watch_from, True
+        return look, look + EARLY_POLL_SLACK >= watch_from  # a late loop timer must not delay the watch
     pause = max(PRECISION * estimate, OVERDUE_SPACING * (now - expected))
     if pause < SPACED_MIN:
         if now <= watch_until:
-            return now
+            return now, True
         pause = SPACED_MIN
-    return last_query + min(pause, COLD_POLL["auto"][1])
+    return last_query + min(pause, COLD_POLL["auto"][1]), True
 
 
 def spaced_from(expected: float, estimate: float, watch_from: float) -> float:
