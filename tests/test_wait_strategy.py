@@ -339,7 +339,7 @@ async def test_callback_watchdog_reports_a_fault(sim: SimulatedDriver) -> None:
 
 
 @pytest.mark.anyio
-async def test_a_long_predicted_wait_has_the_timer_wake_the_loop_once_at_the_close_watch(
+async def test_a_long_predicted_wait_has_the_timer_wake_the_loop_at_the_close_watch(
     sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from aiogpu._wait import _registry, _timer
@@ -367,8 +367,11 @@ async def test_a_long_predicted_wait_has_the_timer_wake_the_loop_once_at_the_clo
                 watch_from = next(iter(watcher._queues.values())).watch_from
             assert event.is_done
     # The looks before the watch, at halves of the time left (``_policy.auto_look``), come on the
-    # loop's own timers; the timer thread wakes the loop once, when the close watch starts.
-    assert [when for when in asked if when <= watch_from] == [watch_from]
+    # loop's own timers but where a late one could delay the watch (once at most: a look within
+    # the slack of it is the watch's start); the timer thread wakes the loop for the watch.
+    early = [when for when in asked if when <= watch_from]
+    assert early[-1] == watch_from
+    assert len(early) <= 2
 
 
 def _asked_from_now_on(sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch) -> set[int]:
