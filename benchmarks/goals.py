@@ -22,6 +22,21 @@ Parts (``--parts``; every one but ``sustained`` by default), each for the strate
   driver for every hardware queue, in a process of its own beside other parts; the other parts
   run with the driver's default, as most servers do.
 
+Four more parts, not run by default, each the case one heuristic of the wake engine exists for
+(``benchmarks.ablation`` switches it off there):
+
+- ``short``: lone waits on 20 µs of work, as ``lone`` measures them (spin-ahead: a wait whose
+  work ends before an entry and a plan would be set up);
+- ``timers``: an application's 1 kHz ``asyncio.sleep`` ticker beside lone waits on 5 ms of work,
+  back to back: how late its sleeps end, p50 and p99 (keeping the loop's timers on time while
+  a wait is parked), and the same ticker on a loop with nothing else to do;
+- ``varying``: lone waits on work of 1 or 5 ms in a random order (the same for every
+  strategy and the floor), so that a prediction is often milliseconds off either way: p50 and
+  p99 over the floor's, CPU as a share of the floor's (``auto``'s looks before its close watch);
+- ``backlog``: 10,000 waits on 64 streams, each on an event of its own, whose work all ends
+  while the loop is blocked (a long host step): how soon after the loop is back the first task
+  resumes, and the last (the sweep's wake budget).
+
 Writes ``goals.json`` (every figure as workload, metric, value) to ``--out`` and prints them.
 Without a GPU it runs on the simulated device and says so.
 
@@ -33,19 +48,27 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiogpu
-from aiogpu.testing import launch_spin
+from aiogpu.testing import Latch, launch_spin
 
 from . import baselines, loop_profile, overlap, wake
 
-PARTS = ("lone", "first_wait", "fanout", "loop_profile", "overlap", "sustained")
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+PARTS = ("lone", "first_wait", "fanout", "loop_profile", "overlap", "sustained", "short", "timers", "varying", "backlog")
 DEFAULT_PARTS = ("lone", "first_wait", "fanout", "loop_profile", "overlap")
 LONE_WORK = (200e-6, 5e-3)
+SHORT_WORK = 20e-6
+TICK = 1e-3  # the ticker's period
+TIMER_WORK = 5e-3
+VARYING_WORK = (1e-3, 5e-3)
 
 
 def _floor_and(strategies: list[str]) -> list[tuple[str, baselines.Maker]]:
@@ -55,10 +78,12 @@ def _floor_and(strategies: list[str]) -> list[tuple[str, baselines.Maker]]:
     ]
 
 
-def lone(device: aiogpu.Device, strategies: list[str], quick: bool) -> list[tuple[str, str, float]]:
+def lone(
+    device: aiogpu.Device, strategies: list[str], quick: bool, works: tuple[float, ...] = LONE_WORK
+) -> list[tuple[str, str, float]]:
     figures = []
     rounds = 2 if quick else 3
-    for work in LONE_WORK:
+    for work in works:
         per_round = (10 if work >= 1e-3 else 20) if quick else (50 if work >= 1e-3 else 100)
         makers = _floor_and(strategies)
         cases: dict[str, tuple[Any, aiogpu.Stream, list[float], list[float]]] = {}
@@ -198,6 +223,155 @@ def sustained(device: aiogpu.Device, strategies: list[str], quick: bool) -> list
     return figures
 
 
+def short(device: aiogpu.Device, strategies: list[str], quick: bool) -> list[tuple[str, str, float]]:
+    return lone(device, strategies, quick, works=(SHORT_WORK,))
+
+
+async def _ticker_lags(wait: Callable[[], Awaitable[None]] | None, stream: aiogpu.Stream, seconds: float) -> list[float]:
+    """How late each sleep of a ``TICK`` ticker ends while lone waits on ``TIMER_WORK`` run back
+    to back for ``seconds`` (``wait`` ``None``: while the loop has nothing else to do)."""
+    lags: list[float] = []
+    finished = False
+
+    async def ticker() -> None:
+        while not finished:
+            due = time.perf_counter() + TICK
+            await asyncio.sleep(TICK)
+            lags.append(max(0.0, time.perf_counter() - due))
+
+    task = asyncio.create_task(ticker())
+    await asyncio.sleep(0)
+    if wait is None:
+        await asyncio.sleep(seconds)
+    else:
+        until = time.perf_counter() + seconds
+        while time.perf_counter() < until:
+            await wake.time_waits(wait, stream, TIMER_WORK, 20)
+    finished = True
+    await task
+    return lags
+
+
+def timers(device: aiogpu.Device, strategies: list[str], quick: bool) -> list[tuple[str, str, float]]:
+    rounds, seconds = (1, 0.2) if quick else (3, 1.0)
+    lags: dict[str | None, list[float]] = {None: [], **{strategy: [] for strategy in strategies}}
+    with aiogpu.Stream(device) as stream:
+        for _ in range(rounds):  # interleaved
+            for strategy in lags:
+                wait = None if strategy is None else _recorder(stream, strategy)
+                lags[strategy] += asyncio.run(_ticker_lags(wait, stream, seconds))
+    figures = []
+    for strategy, samples in lags.items():
+        workload = "timers, nothing else" if strategy is None else f"timers beside {TIMER_WORK * 1e6:.0f} µs waits, {strategy}"
+        figures += [
+            (workload, "timer lag p50 ms", statistics.median(samples) * 1e3),
+            (workload, "timer lag p99 ms", wake.percentile(samples, 0.99) * 1e3),
+        ]
+    return figures
+
+
+def _recorder(stream: aiogpu.Stream, strategy: str) -> Callable[[], Awaitable[None]]:
+    """Record an event after the work launched on ``stream`` and await it with ``strategy``."""
+
+    async def wait() -> None:
+        await stream.record().wait(strategy=strategy)  # type: ignore[arg-type]
+
+    return wait
+
+
+def varying(device: aiogpu.Device, strategies: list[str], quick: bool) -> list[tuple[str, str, float]]:
+    rounds, per_round = (2, 10) if quick else (3, 60)
+    works = random.Random(42).choices(VARYING_WORK, k=per_round)
+    samples: dict[str, list[float]] = {}
+    cpus: dict[str, float] = {}
+    with aiogpu.Stream(device) as stream:
+        makers = [(name, *make(stream)) for name, make in _floor_and(strategies)]
+        try:
+            for _ in range(rounds):  # interleaved
+                for name, wait, _ in makers:
+                    measured, cpu = asyncio.run(_time_works(wait, stream, works))
+                    samples.setdefault(name, []).extend(measured)
+                    cpus[name] = cpus.get(name, 0.0) + cpu
+        finally:
+            for _, _, close in makers:
+                close()
+    floor = samples["floor"]
+    figures = []
+    for strategy in strategies:
+        workload = f"varying 1 or 5 ms, {strategy}"
+        figures += [
+            (workload, "p50 over floor µs", (statistics.median(samples[strategy]) - statistics.median(floor)) * 1e6),
+            (workload, "p99 over floor µs", (wake.percentile(samples[strategy], 0.99) - wake.percentile(floor, 0.99)) * 1e6),
+            (workload, "CPU share of floor", cpus[strategy] / cpus["floor"]),
+        ]
+    return figures
+
+
+async def _time_works(
+    wait: Callable[[], Awaitable[None]], stream: aiogpu.Stream, works: list[float]
+) -> tuple[list[float], float]:
+    """Each of ``works`` seconds of GPU work launched and waited for in turn: (how much longer than
+    its work each wait took, CPU seconds)."""
+    for work in works[:10]:  # warm up
+        launch_spin(stream, work)
+        await wait()
+    samples = []
+    cpu = time.process_time()
+    for work in works:
+        launch_spin(stream, work)
+        started = time.perf_counter()
+        await wait()
+        samples.append(time.perf_counter() - started - work)
+    return samples, time.process_time() - cpu
+
+
+def backlog(device: aiogpu.Device, strategies: list[str], quick: bool) -> list[tuple[str, str, float]]:
+    waiters, nstreams = (1_000, 16) if quick else (10_000, 64)
+    runs: dict[str, list[tuple[float, float]]] = {strategy: [] for strategy in strategies}
+    for _ in range(1 if quick else 3):  # interleaved
+        for strategy in strategies:
+            runs[strategy].append(asyncio.run(_backlog_case(device, strategy, waiters, nstreams)))
+    figures = []
+    for strategy, measured in runs.items():
+        workload = f"backlog {waiters}x{nstreams} own events, {strategy}"
+        figures += [
+            (workload, "first wake ms", statistics.median(first for first, _ in measured) * 1e3),
+            (workload, "last wake ms", statistics.median(last for _, last in measured) * 1e3),
+        ]
+    return figures
+
+
+async def _backlog_case(device: aiogpu.Device, strategy: str, waiters: int, nstreams: int) -> tuple[float, float]:
+    """Seconds from the loop's return to the first waiter's wake-up and to the last's."""
+    streams = [aiogpu.Stream(device, nonblocking=True) for _ in range(nstreams)]
+    per_stream = -(-waiters // nstreams)
+    try:
+        with Latch(device) as latch:
+            events = []
+            for stream in streams:
+                latch.block(stream)
+                launch_spin(stream, 1e-3)
+                events.append([stream.record() for _ in range(per_stream)])
+            targets = [event for row in zip(*events, strict=True) for event in row][:waiters]
+            wait_all, tasks = baselines.fanout_tasks(f"aiogpu {strategy}", targets, events)
+            await asyncio.sleep(0)  # every waiter is parked before the release
+            await asyncio.sleep(0)
+            latch.release()
+            for stream in streams:  # a long host step: the loop is blocked until all is done
+                stream.synchronize()
+            back = time.perf_counter()
+            first = await wait_all() - back
+            last = time.perf_counter() - back
+            del wait_all, tasks
+            for row in events:
+                for event in row:
+                    event.close()
+            return first, last
+    finally:
+        for stream in streams:
+            stream.close()
+
+
 MEASURE = {
     "lone": lone,
     "first_wait": first_waits,
@@ -205,6 +379,10 @@ MEASURE = {
     "loop_profile": saturation,
     "overlap": overlapping,
     "sustained": sustained,
+    "short": short,
+    "timers": timers,
+    "varying": varying,
+    "backlog": backlog,
 }
 
 

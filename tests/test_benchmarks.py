@@ -425,6 +425,13 @@ def test_the_goal_figures_run_on_the_simulated_device(tmp_path: Path) -> None:
         assert figures[f"loop profile 16 tasks, {strategy}", "waits/s"] > 0
         assert figures[f"overlap, {strategy}", "speed-up"] > 0
         assert figures[f"sustained 1000x32, {strategy}", "wall / floor"] > 0
+        assert (f"lone wait 20 µs, {strategy}", "p50 over floor µs") in figures
+        assert figures[f"varying 1 or 5 ms, {strategy}", "CPU share of floor"] > 0
+        p50, p99 = (figures[f"timers beside 5000 µs waits, {strategy}", f"timer lag {q} ms"] for q in ("p50", "p99"))
+        assert 0 <= p50 <= p99, (p50, p99)
+        first, last = (figures[f"backlog 1000x16 own events, {strategy}", f"{which} wake ms"] for which in ("first", "last"))
+        assert 0 < first <= last, (first, last)
+    assert figures["timers, nothing else", "timer lag p99 ms"] >= 0
     # Every figure is one the comparison and the ablation know which way is better.
     assert {metric for _, metric in figures} <= set(_metrics.LOWER_IS_BETTER)
     assert run.stdout.count("the simulated device: ") == len(figures) + len(goals.PARTS)
