@@ -27,7 +27,6 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "aiogpu"
 LAYERS = (
     (
         "aiogpu._errors",
-        "aiogpu._kernels",
         "aiogpu._driver",
         "aiogpu._checks",
         "aiogpu._version",

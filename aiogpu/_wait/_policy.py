@@ -90,9 +90,9 @@ SPIN_AHEAD = 50e-6
 #: next beat (they go first then) and yields: the woken tasks run while the GPU finishes the
 #: rest. Without it, a released fan-out of thousands of waits completes everything in one
 #: sweep that lasts as long as the GPU work, and the first task resumes only after it.
-#: 1,024 rather than 256: a loop behind the GPU completes whole streams at once, and the more
-#: streams one sweep takes in, the nearer the tasks it wakes oldest first lie to each other in
-#: memory (``Sweep._wake_oldest_first``; 256 takes in about two streams of a 10,000 x 64 fan-out).
+#: Large enough that one sweep takes in several streams that a loop behind the GPU completes
+#: whole: the more it takes in, the nearer the tasks it wakes oldest first lie to each other in
+#: memory (``Sweep._wake_oldest_first``).
 SWEEP_WAKE_BUDGET = 1024
 #: The loop's own timers due within this while the watcher parks are kept on time
 #: (``Watcher._keep_loop_timer``); one due later is at most a tenth of its wait late.

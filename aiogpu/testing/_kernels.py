@@ -35,7 +35,7 @@ SPIN:
 // Spin until the 32-bit word at flag (mapped pinned host memory) is non-zero: the Latch. A
 // running kernel holds its stream the way real work does; a stream memory wait
 // (cuStreamWaitValue32) would also stall other streams' work queued behind it in the same
-// hardware queue (seen on an H100: 8 waits stalled work on 16 unrelated streams).
+// hardware queue, work the test never meant to hold.
 .visible .entry aiogpu_hold(.param .u64 flag)
 {
     .reg .pred %p;
