@@ -437,6 +437,35 @@ def test_the_goal_figures_run_on_the_simulated_device(tmp_path: Path) -> None:
     assert run.stdout.count("the simulated device: ") == len(figures) + len(goals.PARTS)
 
 
+@pytest.mark.timeout(120)
+def test_the_engine_profile_lists_each_ways_own_work_per_wait(tmp_path: Path) -> None:
+    run = run_on_the_simulated_device("engine_profile", tmp_path, 100, "--top", "40")
+    result = json.loads((tmp_path / "engine_profile.json").read_text())
+    assert result["environment"]["simulated"] is True
+    profiles = {profile["way"]: profile for profile in result["profiles"]}
+    assert set(profiles) == {"aiogpu auto", wake.SUSTAINED_REFERENCE}
+    for way, profile in profiles.items():
+        assert profile["waits"] == 2 * 1_000, way  # every task's two turns
+        top = profile["top"]
+        assert len(top) == 40
+        owns = [row["own_us_per_wait"] for row in top]
+        assert owns == sorted(owns, reverse=True) and sum(owns) <= profile["profiled_us_per_wait"] + 1e-6
+        assert all(row["own_us_per_wait"] <= row["cumulative_us_per_wait"] + 1e-6 for row in top), way
+        assert f"{way}: 2000 waits in " in run.stdout
+    # Every wait records its event once, whichever way waits for it; only aiogpu runs its own wait.
+    records = {
+        way: [row for row in profile["top"] if row["function"].endswith("(_record_event)")] for way, profile in profiles.items()
+    }
+    assert all(len(rows) == 1 and rows[0]["calls_per_wait"] == pytest.approx(1.0) for rows in records.values()), records
+    assert any(
+        row["function"].startswith("__init__.py:") and row["function"].endswith("(wait)")
+        for row in profiles["aiogpu auto"]["top"]
+    )
+    assert not any(
+        row["function"].endswith("(wait)") and "__init__" in row["function"] for row in profiles[wake.SUSTAINED_REFERENCE]["top"]
+    )
+
+
 def _old_tree(tmp_path: Path) -> Path:
     """A copy of this tree's aiogpu, as ``git archive`` of another commit would give: the
     comparison must import it from there."""
