@@ -15,10 +15,20 @@ if TYPE_CHECKING:
     import subprocess
 
 
+#: Every port ``free_port`` has handed out in this process.
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    """A port free now that this process has not handed out before: the server given the last
+    one may not have bound it yet, and the system can offer it again meanwhile."""
+    while True:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = int(probe.getsockname()[1])
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -30,7 +40,8 @@ def wait_until_healthy(port: int, server: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + 180  # a GPU server loads torch and captures its graphs first
     while time.monotonic() < deadline:
         if server.poll() is not None:
-            raise RuntimeError(f"the server exited with {server.returncode}")
+            output = server.communicate()[0].decode(errors="replace") if server.stdout else ""
+            raise RuntimeError(f"the server exited with {server.returncode}; its last output:\n{output[-2000:]}")
         try:
             connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
             connection.request("GET", "/health")

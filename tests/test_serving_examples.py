@@ -132,6 +132,41 @@ def test_an_engine_to_compare_is_a_mode_whose_server_imports_aiogpu_from_its_tre
     assert environment["PYTHONPATH"].split(os.pathsep)[0] == str(ROOT)
 
 
+def test_free_ports_are_never_handed_out_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(SERVING.parent))
+    import loadtools  # examples/loadtools.py
+
+    offered = iter([5001, 5002, 5001, 5002, 5003])  # the system offers a port again before its server bound it
+
+    class Probe:
+        def __enter__(self) -> Probe:
+            return self
+
+        def __exit__(self, *exc_info: object) -> None:
+            pass
+
+        def bind(self, address: tuple[str, int]) -> None:
+            self.port = next(offered)
+
+        def getsockname(self) -> tuple[str, int]:
+            return ("127.0.0.1", self.port)
+
+    monkeypatch.setattr(loadtools, "_handed_out", set())
+    monkeypatch.setattr(loadtools.socket, "socket", Probe)
+    assert [loadtools.free_port() for _ in range(3)] == [5001, 5002, 5003]
+
+
+def test_a_server_that_exits_before_it_is_healthy_is_reported_with_its_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(SERVING.parent))
+    import loadtools  # examples/loadtools.py
+
+    code = "import sys; print('[Errno 98] address already in use'); sys.exit(3)"
+    server = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    server.wait()
+    with pytest.raises(RuntimeError, match=r"(?s)exited with 3; its last output:.*address already in use"):
+        loadtools.wait_until_healthy(loadtools.free_port(), server)
+
+
 @pytest.mark.timeout(240)
 @pytest.mark.slow
 def test_the_load_test_runs_an_engine_to_compare_beside_the_modes(tmp_path: Path) -> None:
