@@ -256,10 +256,15 @@ def timers(device: aiogpu.Device, strategies: list[str], quick: bool) -> list[tu
     rounds, seconds = (1, 0.2) if quick else (3, 1.0)
     lags: dict[str | None, list[float]] = {None: [], **{strategy: [] for strategy in strategies}}
     with aiogpu.Stream(device) as stream:
-        for _ in range(rounds):  # interleaved
-            for strategy in lags:
-                wait = None if strategy is None else _recorder(stream, strategy)
-                lags[strategy] += asyncio.run(_ticker_lags(wait, stream, seconds))
+        made = {strategy: baselines._strategy(strategy)(stream) for strategy in strategies}
+        try:
+            for _ in range(rounds):  # interleaved
+                for strategy in lags:
+                    wait = None if strategy is None else made[strategy][0]
+                    lags[strategy] += asyncio.run(_ticker_lags(wait, stream, seconds))
+        finally:
+            for _, close in made.values():
+                close()
     figures = []
     for strategy, samples in lags.items():
         workload = "timers, nothing else" if strategy is None else f"timers beside {TIMER_WORK * 1e6:.0f} µs waits, {strategy}"
@@ -268,15 +273,6 @@ def timers(device: aiogpu.Device, strategies: list[str], quick: bool) -> list[tu
             (workload, "timer lag p99 ms", wake.percentile(samples, 0.99) * 1e3),
         ]
     return figures
-
-
-def _recorder(stream: aiogpu.Stream, strategy: str) -> Callable[[], Awaitable[None]]:
-    """Record an event after the work launched on ``stream`` and await it with ``strategy``."""
-
-    async def wait() -> None:
-        await stream.record().wait(strategy=strategy)  # type: ignore[arg-type]
-
-    return wait
 
 
 def varying(device: aiogpu.Device, strategies: list[str], quick: bool) -> list[tuple[str, str, float]]:
