@@ -65,8 +65,11 @@ HEURISTICS: dict[str, list[tuple[str, str, Any]]] = {
     # A wait with nothing predicted is watched closely for WATCH_UNPREDICTED before it parks.
     # Zero: it parks at once.
     "close watch at start": [(_POLICY, "WATCH_UNPREDICTED", _EVERY_STRATEGY_ZERO)],
-    # Close watching starts LEAD before the predicted completion. Zero: at the prediction itself.
-    "lead before the prediction": [(_POLICY, "LEAD", _EVERY_STRATEGY_ZERO)],
+    # Close watching starts LEAD (or a share of a long prediction) before the predicted
+    # completion. Zero, both: at the prediction itself.
+    "lead before the prediction": [(_POLICY, "LEAD", _EVERY_STRATEGY_ZERO), (_POLICY, "LEAD_SHARE", _EVERY_STRATEGY_ZERO)],
+    # On a long prediction auto's watch starts a share of it earlier, up to LEAD_MAX. Zero: LEAD alone.
+    "lead share": [(_POLICY, "LEAD_SHARE", _EVERY_STRATEGY_ZERO)],
     # A back-off query before a predicted completion is made only EARLY_POLL_SLACK before the
     # close watch at the latest. Zero: right up to it.
     "early poll slack": [(_POLICY, "EARLY_POLL_SLACK", 0.0)],

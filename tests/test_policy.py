@@ -37,7 +37,17 @@ def _watch(mode: str, estimate: float) -> tuple[float, float]:
 
 @pytest.mark.parametrize("mode", MODES)
 def test_a_predicted_watch_starts_its_lead_before_the_prediction(mode: str) -> None:
-    assert _watch(mode, 10e-3)[0] == pytest.approx(10e-3 - _policy.LEAD[mode])
+    assert _watch(mode, 1e-3)[0] == pytest.approx(1e-3 - _policy.LEAD[mode])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_long_prediction_is_watched_from_a_share_of_it_before_up_to_a_cap(mode: str) -> None:
+    share, cap = _policy.LEAD_SHARE[mode], _policy.LEAD_MAX
+    for estimate in (1e-3, 4e-3, 10e-3, 1.0):
+        lead = max(_policy.LEAD[mode], min(share * estimate, cap))
+        assert _watch(mode, estimate)[0] == pytest.approx(estimate - lead)
+    if share:  # auto: a quarter of a millisecond before 2 ms of work, half a millisecond before 5 ms and 1 s
+        assert [round(estimate - _watch(mode, estimate)[0], 6) for estimate in (2e-3, 5e-3, 1.0)] == [250e-6, 500e-6, cap]
 
 
 def test_a_close_watch_goes_on_past_the_prediction_by_a_share_of_it_and_a_minimum() -> None:
@@ -47,6 +57,7 @@ def test_a_close_watch_goes_on_past_the_prediction_by_a_share_of_it_and_a_minimu
 
 def test_the_planners_read_the_tunables_at_call_time(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(_policy.LEAD, "auto", 0.0)  # a benchmark switching a heuristic off
+    monkeypatch.setitem(_policy.LEAD_SHARE, "auto", 0.0)
     assert _watch("auto", 10e-3)[0] == 10e-3
 
 
@@ -63,7 +74,7 @@ def test_a_predicted_head_is_watched_around_its_predicted_completion() -> None:
     start, estimate, now = 1.0, 5e-3, 1.001
     watch_from, watch_until, next_poll, backoff = _policy.plan_head("auto", start, estimate, now)
     expected = start + estimate
-    assert watch_from == pytest.approx(expected - _policy.LEAD["auto"])
+    assert watch_from == pytest.approx(expected - _policy.LEAD_MAX)  # a tenth of 5 ms, the cap
     assert watch_until == pytest.approx(expected + _policy.WATCH_PAST_SHARE * estimate)
     assert next_poll == pytest.approx(watch_until + backoff)
 

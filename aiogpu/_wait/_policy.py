@@ -26,6 +26,12 @@ WATCH_UNPREDICTED = {"auto": 100e-6, "poll": 2e-3, "thread": 0.0, "callback": 0.
 #: How long before the predicted completion close watching starts (covers wake-up jitter:
 #: the timer thread's ~50-100 µs, the loop timers' ~1 ms).
 LEAD = {"auto": 250e-6, "poll": 1.5e-3, "thread": 150e-6, "callback": 0.0}
+#: On longer predictions the watch starts earlier still: ``LEAD_SHARE`` of the prediction, at most
+#: ``LEAD_MAX``, where that is more than ``LEAD``. A loop thread woken from a sleep of milliseconds
+#: sometimes runs hundreds of µs late, and those wake-ups set a long wait's p99
+#: (``benchmarks/results/engine_compare.md``); the watch they buy costs CPU in proportion.
+LEAD_SHARE = {"auto": 0.1, "poll": 0.0, "thread": 0.0, "callback": 0.0}
+LEAD_MAX = 0.5e-3
 #: Parked queues are queried at least this often (first, then doubling to the cap). For
 #: ``callback`` this is the watchdog: host functions never run after a sticky context error.
 COLD_POLL = {"auto": (1e-3, 10e-3), "poll": (0.25e-3, 2e-3), "thread": (1e-3, 10e-3), "callback": (1e-3, 10e-3)}
@@ -131,7 +137,8 @@ def plan_head(mode: WaitStrategy, start: float, estimate: float | None, now: flo
     nothing is predicted; around the predicted completion otherwise), the first back-off query
     after it and the pause before it.
 
-    A predicted watch starts ``LEAD`` before the predicted completion and goes on past it by
+    A predicted watch starts ``LEAD`` before the predicted completion (``LEAD_SHARE`` of the
+    prediction, up to ``LEAD_MAX``, where that is more) and goes on past it by
     ``WATCH_PAST_SHARE`` of the prediction, at least ``WATCH_PAST_MIN``.
     Runs for every new head (written out: a call more is a share of a wait's cost).
     """
@@ -140,7 +147,7 @@ def plan_head(mode: WaitStrategy, start: float, estimate: float | None, now: flo
         watch_from, watch_until = now, now + WATCH_UNPREDICTED[mode]
     else:
         expected = start + estimate
-        watch_from = expected - LEAD[mode]
+        watch_from = expected - max(LEAD[mode], min(LEAD_SHARE[mode] * estimate, LEAD_MAX))
         watch_until = expected + max(WATCH_PAST_MIN, WATCH_PAST_SHARE * estimate)
     next_poll = max(now, watch_until) + backoff
     return watch_from, watch_until, next_poll, backoff
