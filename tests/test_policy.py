@@ -167,6 +167,42 @@ def test_overdue_work_is_queried_a_tenth_of_its_lateness_apart_up_to_the_cap(ove
     assert look == pytest.approx(now + expected_pause)
 
 
+def test_a_wait_queued_behind_other_work_may_be_seen_done_a_share_of_that_time_late_up_to_a_cap() -> None:
+    assert _policy.late_allowed(0.0) == 0.0  # its work began as it started: no lateness allowed
+    assert _policy.late_allowed(-1e-3) == 0.0  # (recorded after an earlier wait on the stream ended)
+    assert _policy.late_allowed(10e-3) == pytest.approx(_policy.LATE_SHARE * 10e-3)
+    assert _policy.late_allowed(10.0) == _policy.LATE_MAX
+
+
+@pytest.mark.parametrize("late", [100e-6, 1e-3])
+def test_a_queued_wait_is_queried_its_allowed_lateness_apart_in_its_watch(late: float) -> None:
+    estimate = 5e-3  # watched at every beat, were it not queued (``test_short_work_is_watched_at_every_beat...``)
+    watch = _watch("auto", estimate)
+    assert _policy.spaced_from(estimate, estimate, watch[0], late) == watch[0]  # no beats at all
+    look, precisely = _policy.auto_look(watch[0], estimate, estimate, watch, watch[0], late)
+    assert look == pytest.approx(watch[0] + late)
+    assert precisely == (late < _policy.LOOP_TIMER_SLACK)  # a loop timer's lateness is within what is allowed
+    before = _policy.auto_look(0.0, estimate, estimate, watch, 0.0, late)
+    assert before[1] == (late < _policy.LOOP_TIMER_SLACK)
+    overdue = estimate + 50e-3  # far overdue: spaced by a tenth of the lateness, as any wait
+    assert _policy.auto_look(overdue, estimate, estimate, watch, overdue, late)[0] == pytest.approx(overdue + 5e-3)
+
+
+def test_queued_waits_cost_a_few_queries_where_a_lone_one_is_asked_at_every_beat() -> None:
+    estimate = 5e-3
+    watch = _watch("auto", estimate)
+
+    def looks(late: float) -> int:
+        now, last_query, count = 0.0, 0.0, 0
+        while now < estimate + 200e-6:  # the work ends a little late
+            look, _ = _policy.auto_look(now, estimate, estimate, watch, last_query, late)
+            now = last_query = max(look, now + 1e-6)
+            count += 1
+        return count
+
+    assert looks(_policy.LATE_MAX) <= 3 < 100 < looks(0.0)
+
+
 def test_work_far_behind_its_prediction_costs_queries_that_grow_with_the_log_of_its_lateness() -> None:
     estimate = 24e-3
     few = len(_auto_looks(estimate, ends=estimate + 5e-3))

@@ -18,7 +18,7 @@ import anyio.lowlevel
 import pytest
 
 import aiogpu
-from aiogpu.testing import Latch, SimulatedDriver, SimulatedWork
+from aiogpu.testing import Latch, SimulatedDriver, SimulatedWork, launch_spin
 from tests.helpers import in_waiter_thread, waiter_thread_queries
 
 
@@ -1180,3 +1180,52 @@ def test_waits_one_after_another_are_served_by_one_warm_waiter_thread(sim: Simul
         assert len(served_by) == 1, served_by
     finally:
         pool.stop_idle_threads()
+
+
+@pytest.mark.anyio
+async def test_waits_queued_on_busy_streams_cost_a_few_queries_each(
+    sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A sustained load: 8 streams, each keeping 5 ms kernels queued with four waits behind
+    # each, and every task recording again after its wait. Each head was queued for long
+    # before its work began, so it may be seen done a little late: it is asked on that
+    # schedule, not at every beat of a close watch, and a completion on one stream does not
+    # have every other stream's head asked. (Asked at every beat, with the heads of several
+    # streams in their close watch at once, this load cost five to ten times the queries.)
+    device = sim.device(0)
+    streams = [aiogpu.Stream(device) for _ in range(8)]
+    events = [[aiogpu.Event(device) for _ in range(128)] for _ in streams]
+    asked = 0
+    query = sim.event_query
+
+    def counted(event: int) -> bool:
+        nonlocal asked
+        asked += 1
+        return query(event)
+
+    monkeypatch.setattr(sim, "event_query", counted)
+    completed = 0
+
+    async def waiter(stream: aiogpu.Stream, event: aiogpu.Event, launches: bool) -> None:
+        nonlocal completed
+        for _ in range(3):
+            if launches:
+                launch_spin(stream, 5e-3)
+            event.record(stream)
+            await event.wait(strategy="auto")
+            completed += 1
+
+    try:
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:
+                for position in range(128):  # round robin over the streams, as a server launches
+                    for stream, stream_events in zip(streams, events, strict=True):
+                        tg.start_soon(waiter, stream, stream_events[position], position % 4 == 0)
+    finally:
+        for stream, stream_events in zip(streams, events, strict=True):
+            stream.synchronize()
+            for event in stream_events:
+                event.close()
+            stream.close()
+    assert completed == 3 * 8 * 128
+    assert asked / completed < 2.5, f"{asked / completed:.2f} queries a wait"

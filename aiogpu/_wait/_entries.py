@@ -112,6 +112,7 @@ class Queue:
         "expected",
         "key",
         "last_query",
+        "late",
         "next_look",
         "next_poll",
         "predictor",
@@ -119,6 +120,7 @@ class Queue:
         "progressed",
         "spaced_from",
         "start",
+        "tail_pending",
         "unlearned",
         "watch_from",
         "watch_until",
@@ -130,15 +132,17 @@ class Queue:
         self.predictor = _predict.for_stream(key)
         self.previous_done = 0.0
         self.progressed = False  # the last sweep completed some of it: more is likely done soon
+        self.tail_pending = False  # its last burst found work pending (``Sweep._burst``)
         self.backstop: Subscriber | None = None
         self.backstop_index = 0  # the head's position among the events its waiter thread queries
         self.start = self.watch_from = self.watch_until = self.next_poll = self.last_query = 0.0
         self.backoff = self.early_backoff = self.early_poll = 0.0
         # ``auto``'s watch of a predicted head (``_policy.auto_look``): the predicted completion
         # (``inf`` when nothing is predicted or the strategy is another), when its close watch
-        # starts to space its queries, and its next look (until then, sweeps leave it alone).
+        # starts to space its queries, its next look (until then, sweeps leave it alone) and how
+        # late it may be seen done.
         self.expected = self.spaced_from = math.inf
-        self.next_look = 0.0
+        self.next_look = self.late = 0.0
         self.unlearned: tuple[float, float] | None = None  # (pending, done) not yet told the predictor
 
 

@@ -62,14 +62,18 @@ class Planner(Sweep):
         queue.start = start = max(head.target._recorded_at, queue.previous_done)
         queue.last_query = 0.0
         estimate = queue.predictor.estimate
-        queue.watch_from, queue.watch_until, queue.next_poll, backoff = _policy.plan_head(mode, start, estimate, now)
+        auto_estimate = estimate if mode == "auto" else None
+        queue.late = late = 0.0 if auto_estimate is None else _policy.late_allowed(start - head.started)
+        queue.watch_from, queue.watch_until, queue.next_poll, backoff = _policy.plan_head(mode, start, estimate, now, late)
         queue.backoff = queue.early_backoff = backoff
         queue.early_poll = now + backoff
-        queue.progressed = after_progress
+        # After a completion, the next beat asks again (more tends to finish meanwhile), unless
+        # the new head may be seen late: its work is queued, and the sweep found it pending.
+        queue.progressed = after_progress and not late
         queue.next_look = 0.0
-        if mode == "auto" and estimate is not None:
-            queue.expected = start + estimate
-            queue.spaced_from = _policy.spaced_from(queue.expected, estimate, queue.watch_from)
+        if auto_estimate is not None:
+            queue.expected = start + auto_estimate
+            queue.spaced_from = _policy.spaced_from(queue.expected, auto_estimate, queue.watch_from, late)
         else:
             queue.expected = queue.spaced_from = math.inf
         if mode == "thread":
@@ -93,7 +97,7 @@ class Planner(Sweep):
                 last_query = max(queue.last_query, queue.start)
                 estimate = queue.expected - queue.start
                 look, look_precisely = _policy.auto_look(
-                    now, queue.expected, estimate, (queue.watch_from, queue.watch_until), last_query
+                    now, queue.expected, estimate, (queue.watch_from, queue.watch_until), last_query, queue.late
                 )
                 if look > now:
                     # The sweeps leave it alone until then (a loop timer may fire a little early).

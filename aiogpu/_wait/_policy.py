@@ -67,6 +67,16 @@ EARLY_UNTIL = 0.05
 PRECISION = 0.005
 OVERDUE_SPACING = 0.1
 SPACED_MIN = 50e-6
+#: A wait that was queued behind other work on its stream before its own work began may be seen
+#: done ``LATE_SHARE`` of that time late, ``LATE_MAX`` at most (``late_allowed``): ``auto`` starts
+#: its close watch that much later (its lead covers less), spaces the watch's queries by that
+#: much, on the loop's timers from ``LOOP_TIMER_SLACK`` on, instead of asking at every beat, and
+#: does not look again at the next beat after a completion. Under a sustained load, where every
+#: stream keeps work queued, the heads of many streams are in their close watch at once, and a
+#: query of each at every beat is most of the loop's work; a wait whose work began as it started
+#: is watched as closely as ever.
+LATE_SHARE = 0.01
+LATE_MAX = 1e-3
 
 #: ``auto`` parks the unpredicted heads of at most this many streams on its one waiter thread;
 #: the others are queried on the back-off schedule (the thread's wake-up makes the loop sweep
@@ -130,16 +140,19 @@ def back_off(now: float, backoff: float, mode: WaitStrategy) -> tuple[float, flo
     return now + backoff * random.uniform(1 - jitter, 1 + jitter), min(2 * backoff, COLD_POLL[mode][1])
 
 
-def plan_head(mode: WaitStrategy, start: float, estimate: float | None, now: float) -> tuple[float, float, float, float]:
-    """How to watch a stream's new oldest wait, whose work started at ``start``.
+def plan_head(
+    mode: WaitStrategy, start: float, estimate: float | None, now: float, late: float = 0.0
+) -> tuple[float, float, float, float]:
+    """How to watch a stream's new oldest wait, whose work started at ``start`` and which may be
+    seen done ``late`` late (``late_allowed``).
 
     Returns ``(watch_from, watch_until, next_poll, backoff)``: the close watch (from now when
     nothing is predicted; around the predicted completion otherwise), the first back-off query
     after it and the pause before it.
 
     A predicted watch starts ``LEAD`` before the predicted completion (``LEAD_SHARE`` of the
-    prediction, up to ``LEAD_MAX``, where that is more) and goes on past it by
-    ``WATCH_PAST_SHARE`` of the prediction, at least ``WATCH_PAST_MIN``.
+    prediction, up to ``LEAD_MAX``, where that is more), less the lateness allowed, and goes on
+    past it by ``WATCH_PAST_SHARE`` of the prediction, at least ``WATCH_PAST_MIN``.
     Runs for every new head (written out: a call more is a share of a wait's cost).
     """
     backoff = COLD_POLL[mode][0]
@@ -147,35 +160,44 @@ def plan_head(mode: WaitStrategy, start: float, estimate: float | None, now: flo
         watch_from, watch_until = now, now + WATCH_UNPREDICTED[mode]
     else:
         expected = start + estimate
-        watch_from = expected - max(LEAD[mode], min(LEAD_SHARE[mode] * estimate, LEAD_MAX))
+        watch_from = expected - max(0.0, max(LEAD[mode], min(LEAD_SHARE[mode] * estimate, LEAD_MAX)) - late)
         watch_until = expected + max(WATCH_PAST_MIN, WATCH_PAST_SHARE * estimate)
     next_poll = max(now, watch_until) + backoff
     return watch_from, watch_until, next_poll, backoff
 
 
-def auto_look(now: float, expected: float, estimate: float, watch: tuple[float, float], last_query: float) -> tuple[float, bool]:
+def late_allowed(queued: float) -> float:
+    """How late a wait queued for ``queued`` seconds before its work began may be seen done."""
+    return min(LATE_SHARE * queued, LATE_MAX) if queued > 0 else 0.0
+
+
+def auto_look(
+    now: float, expected: float, estimate: float, watch: tuple[float, float], last_query: float, late: float = 0.0
+) -> tuple[float, bool]:
     """When ``auto`` next queries a head predicted to take ``estimate`` and end at ``expected``
     (``<= now``: at every beat from now on) and whether precisely (else on a loop timer, which
     may fire up to ``LOOP_TIMER_SLACK`` off). ``watch`` is its close watch (``plan_head``);
-    ``last_query`` when it was last seen pending (the head's start at the earliest)."""
+    ``last_query`` when it was last seen pending (the head's start at the earliest); ``late``
+    how late it may be seen done (``late_allowed``)."""
     watch_from, watch_until = watch
+    precisely = late < LOOP_TIMER_SLACK
     if now < watch_from:
         look = last_query + min(EARLY_SHARE * (expected - last_query), COLD_POLL["auto"][1])
         if expected - look < max(EARLY_UNTIL * estimate, EARLY_POLL_SLACK) or watch_from - look < SPACED_MIN:
-            return watch_from, True
-        return look, look + EARLY_POLL_SLACK >= watch_from  # a late loop timer must not delay the watch
-    pause = max(PRECISION * estimate, OVERDUE_SPACING * (now - expected))
+            return watch_from, precisely
+        return look, precisely and look + EARLY_POLL_SLACK >= watch_from  # a late loop timer must not delay the watch
+    pause = max(PRECISION * estimate, OVERDUE_SPACING * (now - expected), late)
     if pause < SPACED_MIN:
         if now <= watch_until:
             return now, True
         pause = SPACED_MIN
-    return last_query + min(pause, COLD_POLL["auto"][1]), True
+    return last_query + min(pause, COLD_POLL["auto"][1]), precisely
 
 
-def spaced_from(expected: float, estimate: float, watch_from: float) -> float:
+def spaced_from(expected: float, estimate: float, watch_from: float, late: float = 0.0) -> float:
     """When ``auto_look`` starts to space the close watch's queries (its pause reaches
     ``SPACED_MIN``): a lone stream's close watch leaves its beats then."""
-    if PRECISION * estimate >= SPACED_MIN:
+    if max(PRECISION * estimate, late) >= SPACED_MIN:
         return watch_from
     return expected + SPACED_MIN / OVERDUE_SPACING
 

@@ -11,7 +11,10 @@ Rules this file keeps:
    more of it tends to finish meanwhile.
 2. A head that ``auto`` watches spaced (``_policy.auto_look``) is asked only once its look is
    due, unless a sweep completed something: from then on, and in the next sweep, every head
-   is asked.
+   is asked (work released at once completes on many streams at once), but for a head that
+   may be seen done late (``_policy.late_allowed``) and is not yet predicted done: under a
+   sustained load something completes at almost every sweep, and asking every head each time
+   would be most of the loop's work.
 3. A sweep wakes the tasks it found done oldest wait first, across its streams; one that has
    woken ``SWEEP_WAKE_BUDGET`` tasks yields before the next stream, so they run while the GPU
    finishes the rest; the next sweep starts where it stopped.
@@ -148,7 +151,8 @@ class Sweep:
         budget = _policy.SWEEP_WAKE_BUDGET
         every_head, self._progress = self._progress, False
         for position, queue in enumerate(order, 1):
-            if every_head or queue.next_look <= now:  # a spaced head is left alone until due
+            # A spaced head is left alone until due (rule 2).
+            if queue.next_look <= now or (every_head and not (queue.late and queue.expected > now)):
                 self._sweep_queue(queue, now)
                 if queue.progressed:
                     every_head = self._progress = True
@@ -235,10 +239,13 @@ class Sweep:
 
     def _burst(self, queue: Queue, stale: list[Entry]) -> tuple[int, Entry | None]:
         """Two done in a row: find the newest entry done (``last_done``) and complete the head
-        and every entry up to it. Returns its position and the entry found pending after it."""
+        and every entry up to it. Returns its position and the entry found pending after it.
+        The newest entry is asked first unless the last burst found work pending: on a stream
+        that keeps work queued, that query would be wasted at every burst."""
         entries = queue.entries
-        last, pending = last_done(entries)
+        last, pending = last_done(entries, newest_first=not queue.tail_pending)
         self._behind = pending is None
+        queue.tail_pending = pending is not None
         known_pending = None if pending is None else entries[pending]
         if last:
             self._complete_oldest(queue, last + 1, stale)
@@ -337,14 +344,14 @@ class Sweep:
         self._wake()
 
 
-def last_done(entries: deque[Entry]) -> tuple[int, int | None]:
+def last_done(entries: deque[Entry], newest_first: bool = True) -> tuple[int, int | None]:
     """The position of the newest entry known done, given that the oldest is, and of the
     entry found pending right after it (``None`` if none was asked): the sweep need not
     ask that one again. Entries between the two are not waited for as recorded.
 
-    Asks the newest entry still waited for as recorded (a released backlog: one query),
-    then gallops from the oldest and bisects: O(log k) queries for k done. Raises
-    ``CudaError`` as a query does.
+    With ``newest_first``, asks the newest entry still waited for as recorded first (a released
+    backlog: one query); then gallops from the oldest and bisects: O(log k) queries for k done.
+    Raises ``CudaError`` as a query does.
     """
 
     def asked(position: int) -> bool:
@@ -359,9 +366,9 @@ def last_done(entries: deque[Entry]) -> tuple[int, int | None]:
     newest = len(entries) - 1
     while newest > done and not valid(newest):
         newest -= 1
-    if newest == done or asked(newest):
+    if newest == done or (newest_first and asked(newest)):
         return len(entries) - 1, None  # what is after it no one waits for as recorded
-    pending = newest
+    pending = newest if newest_first else newest + 1  # (newest + 1: past every entry asked)
     step = 1  # gallop from the oldest (1, 3, 7, 15... ahead): a stream that is finishing
     while done + step < pending:  # work one by one has only a few done, so a few queries
         probe = done + step
@@ -388,4 +395,6 @@ def last_done(entries: deque[Entry]) -> tuple[int, int | None]:
             done = probe
         else:
             pending = probe
+    if pending > newest:  # every entry waited for as recorded is done
+        return len(entries) - 1, None
     return done, pending
