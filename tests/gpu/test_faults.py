@@ -46,6 +46,7 @@ def run_child(*args: str) -> dict[str, Any]:
     return report
 
 
+@pytest.mark.alone  # how soon the fault is reported, with no other test's work on the GPU
 @pytest.mark.timeout(CHILD_TIMEOUT + 30)
 @pytest.mark.parametrize(
     "loop",

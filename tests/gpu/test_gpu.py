@@ -42,6 +42,7 @@ async def warm_up_thread_strategy(stream: aiogpu.Stream) -> None:
                 latch.release()
 
 
+@pytest.mark.alone  # its process CPU and the kernel's wall time, with no other test beside it
 @pytest.mark.parametrize(
     "anyio_backend",
     [
