@@ -5,10 +5,11 @@ Rules this file keeps:
 1. Work on one stream completes in order. Waits are queued per stream (the stream the event
    was recorded on) and only the oldest pending wait of each stream is queried, so a sweep
    costs O(streams), not O(waiters); when it completes, the next ones are checked at once,
-   and after two in a row the newest, then by galloping and bisection: a wait that is done
-   means every wait before it on the stream is (k done cost O(log k) queries, not one each).
-   A stream whose last sweep completed something is watched closely on the next beat too:
-   more of it tends to finish meanwhile.
+   and after two in a row the newest (unless the stream's last burst found work pending),
+   then by galloping and bisection: a wait that is done means every wait before it on the
+   stream is (k done cost O(log k) queries, not one each). A stream whose last sweep
+   completed something is watched closely on the next beat too (more of it tends to finish
+   meanwhile), unless its new head may be seen done late.
 2. A head that ``auto`` watches spaced (``_policy.auto_look``) is asked only once its look is
    due, unless a sweep completed something: from then on, and in the next sweep, every head
    is asked (work released at once completes on many streams at once), but for a head that
@@ -151,8 +152,7 @@ class Sweep:
         budget = _policy.SWEEP_WAKE_BUDGET
         every_head, self._progress = self._progress, False
         for position, queue in enumerate(order, 1):
-            # A spaced head is left alone until due (rule 2).
-            if queue.next_look <= now or (every_head and not (queue.late and queue.expected > now)):
+            if queue.next_look <= now or (every_head and not (queue.late and queue.expected > now)):  # (rule 2)
                 self._sweep_queue(queue, now)
                 if queue.progressed:
                     every_head = self._progress = True
