@@ -71,8 +71,8 @@ HEURISTICS: dict[str, list[tuple[str, str, Any]]] = {
     # On a long prediction auto's watch starts a share of it earlier, up to LEAD_MAX. Zero: LEAD alone.
     "lead share": [(_POLICY, "LEAD_SHARE", _EVERY_STRATEGY_ZERO)],
     # A wait queued behind other work may be seen done LATE_SHARE of that time late (at most
-    # LATE_MAX): auto asks about it that far apart. Zero: watched as closely as a lone wait.
-    "late allowance": [(_POLICY, "LATE_SHARE", 0.0)],
+    # LATE_MAX): auto and thread ask about it that far apart. Zero: watched as closely as a lone wait.
+    "late allowance": [(_POLICY, "LATE_SHARE", _EVERY_STRATEGY_ZERO)],
     # A back-off query before a predicted completion is made only EARLY_POLL_SLACK before the
     # close watch at the latest. Zero: right up to it.
     "early poll slack": [(_POLICY, "EARLY_POLL_SLACK", 0.0)],

@@ -167,11 +167,18 @@ def test_overdue_work_is_queried_a_tenth_of_its_lateness_apart_up_to_the_cap(ove
     assert look == pytest.approx(now + expected_pause)
 
 
-def test_a_wait_queued_behind_other_work_may_be_seen_done_a_share_of_that_time_late_up_to_a_cap() -> None:
-    assert _policy.late_allowed(0.0) == 0.0  # its work began as it started: no lateness allowed
-    assert _policy.late_allowed(-1e-3) == 0.0  # (recorded after an earlier wait on the stream ended)
-    assert _policy.late_allowed(10e-3) == pytest.approx(_policy.LATE_SHARE * 10e-3)
-    assert _policy.late_allowed(10.0) == _policy.LATE_MAX
+@pytest.mark.parametrize("mode", ["auto", "thread"])
+def test_a_wait_queued_behind_other_work_may_be_seen_done_a_share_of_that_time_late_up_to_a_cap(mode: str) -> None:
+    assert _policy.late_allowed(0.0, mode) == 0.0  # its work began as it started: no lateness allowed
+    assert _policy.late_allowed(-1e-3, mode) == 0.0  # (recorded after an earlier wait on the stream ended)
+    assert _policy.LATE_SHARE[mode] > 0
+    assert _policy.late_allowed(10e-3, mode) == pytest.approx(_policy.LATE_SHARE[mode] * 10e-3)
+    assert _policy.late_allowed(10.0, mode) == _policy.LATE_MAX
+
+
+@pytest.mark.parametrize("mode", ["poll", "callback"])
+def test_strategies_that_do_not_space_their_queries_allow_no_lateness(mode: str) -> None:
+    assert _policy.late_allowed(10.0, mode) == 0.0
 
 
 @pytest.mark.parametrize("late", [100e-6, 1e-3])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import itertools
 import math
 import sys
 import threading
@@ -1182,16 +1183,72 @@ def test_waits_one_after_another_are_served_by_one_warm_waiter_thread(sim: Simul
         pool.stop_idle_threads()
 
 
+@pytest.mark.parametrize("spacing", [0.0, 0.5e-3])
+def test_a_waiter_thread_spaces_its_close_watch_by_the_lateness_its_wait_allows(sim: SimulatedDriver, spacing: float) -> None:
+    # A wait queued behind other work may be seen done a little late (``_policy.late_allowed``):
+    # its waiter thread asks that far apart instead of spinning, and pokes its loop only once,
+    # when it saw the work done, not also as its close watch starts.
+    from aiogpu._wait import _thread
+
+    pool = _thread._Pool(max_threads=1, hard_max_threads=1, idle_seconds=30.0)
+    asked: list[float] = []
+    enough = threading.Event()
+    query = sim.event_query
+
+    def noted(event: int) -> bool:
+        if in_waiter_thread():
+            asked.append(time.perf_counter())
+            if len(asked) >= 6:
+                enough.set()
+        return query(event)
+
+    sim.event_query = noted  # type: ignore[method-assign]
+    pokes: list[float] = []
+    done = threading.Event()
+
+    def poked() -> None:
+        pokes.append(time.perf_counter())
+        if len(asked) >= 6:
+            done.set()
+
+    try:
+        with aiogpu.Stream(sim.device(0)) as stream:
+            work = sim.launch(stream)
+            event = stream.record()
+            event._lifetime.acquire()  # what a wait's entry holds
+            spin_from = time.perf_counter() + 5e-3
+            pool.subscribe(event, poked, spin_from=spin_from, spacing=spacing)
+            assert enough.wait(5), "the waiter thread stopped asking"
+            work.release()
+            assert done.wait(5), "the waiter thread never saw the work done"
+            event._lifetime.release()
+    finally:
+        sim.event_query = query  # type: ignore[method-assign]
+        pool.stop_idle_threads()
+    watch = [at for at in asked if at >= spin_from][1:5]  # its close watch (after the early polls' last)
+    gaps = [later - earlier for earlier, later in itertools.pairwise(watch)]
+    if spacing:
+        assert len(pokes) == 1
+        assert min(gaps) >= spacing * 0.99, gaps
+    else:  # it spins, and rouses its loop as the watch starts
+        assert len(pokes) == 2
+        assert min(gaps) < 0.1e-3, gaps
+
+
 @pytest.mark.anyio
+@pytest.mark.parametrize("strategy", ["auto", "thread"])
 async def test_waits_queued_on_busy_streams_cost_a_few_queries_each(
-    sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch
+    sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch, strategy: aiogpu.WaitStrategy
 ) -> None:
     # A sustained load: 8 streams, each keeping 5 ms kernels queued with four waits behind
     # each, and every task recording again after its wait. Each head was queued for long
     # before its work began, so it may be seen done a little late: it is asked on that
-    # schedule, not at every beat of a close watch, and a completion on one stream does not
-    # have every other stream's head asked. (Asked at every beat, with the heads of several
-    # streams in their close watch at once, this load cost five to ten times the queries.)
+    # schedule, not at every beat of a close watch (``auto``) or a waiter thread's spin
+    # (``thread``), and a completion on one stream does not have every other stream's head
+    # asked (``thread``: a head is left to its waiter thread). Asked at every beat, with the
+    # heads of several streams in their close watch at once, this load cost five to ten times
+    # the queries under ``auto``; spinning threads and sweeps asking every head, four times
+    # under ``thread``.
     device = sim.device(0)
     streams = [aiogpu.Stream(device) for _ in range(8)]
     events = [[aiogpu.Event(device) for _ in range(128)] for _ in streams]
@@ -1212,7 +1269,7 @@ async def test_waits_queued_on_busy_streams_cost_a_few_queries_each(
             if launches:
                 launch_spin(stream, 5e-3)
             event.record(stream)
-            await event.wait(strategy="auto")
+            await event.wait(strategy=strategy)
             completed += 1
 
     try:

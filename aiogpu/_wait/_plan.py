@@ -63,7 +63,7 @@ class Planner(Sweep):
         queue.last_query = 0.0
         estimate = queue.predictor.estimate
         auto_estimate = estimate if mode == "auto" else None
-        queue.late = late = 0.0 if auto_estimate is None else _policy.late_allowed(start - head.started)
+        queue.late = late = 0.0 if estimate is None else _policy.late_allowed(start - head.started, mode)
         queue.watch_from, queue.watch_until, queue.next_poll, backoff = _policy.plan_head(mode, start, estimate, now, late)
         queue.backoff = queue.early_backoff = backoff
         queue.early_poll = now + backoff
@@ -77,7 +77,7 @@ class Planner(Sweep):
         else:
             queue.expected = queue.spaced_from = math.inf
         if mode == "thread":
-            self._start_backstop(queue, queue.watch_from if estimate is not None else None)
+            self._start_backstop(queue, queue.watch_from if estimate is not None else None, late)
         elif mode == "callback":
             self._ring_when_done(queue)
 
@@ -129,6 +129,8 @@ class Planner(Sweep):
                 self._start_backstop(queue, None)
             if now >= queue.next_poll:  # it was just queried by the sweep: back off
                 queue.next_poll, queue.backoff = _policy.back_off(now, queue.backoff, mode)
+                if queue.backstop is not None and mode == "thread" and queue.late:
+                    queue.next_look = queue.next_poll
             if queue.next_poll < wake_at:
                 wake_at, precise = queue.next_poll, False
         if parked_auto:
@@ -157,12 +159,17 @@ class Planner(Sweep):
             queue.backstop, queue.backstop_index = watch, index
         self._auto_watched.update(wanted)
 
-    def _start_backstop(self, queue: Queue, spin_from: float | None) -> None:
-        """A waiter thread of its own for a ``thread`` queue's head."""
+    def _start_backstop(self, queue: Queue, spin_from: float | None, late: float = 0.0) -> None:
+        """A waiter thread of its own for a ``thread`` queue's head. A head that may be seen done
+        ``late`` is left to it (``Sweep._sweep``) until it saw the head done or the head's
+        back-off query is due; any other is asked by every sweep too (work released at once
+        completes on many streams at once, and one thread's poke has the loop see them all)."""
         if not queue.entries[0].waiters:
             return  # every waiter left: the next sweep drops it (its handle may be gone)
-        queue.backstop = _thread.pool().subscribe(queue.entries[0].target, self._poke_threadsafe, spin_from)
+        queue.backstop = _thread.pool().subscribe(queue.entries[0].target, self._poke_threadsafe, spin_from, late)
         queue.backstop_index = 0
+        if late:
+            queue.next_look = queue.next_poll
 
     def _ring_when_done(self, queue: Queue) -> None:
         """Make the GPU ring the doorbell once the head's work is done (a host function)."""
@@ -181,6 +188,7 @@ class Planner(Sweep):
             if not backstop.detected_at:  # a job that ended has forgotten its subscribers already
                 _thread.pool().unsubscribe(backstop)
             queue.backstop = None
+            queue.next_look = 0.0  # nothing watches it off the loop: every sweep asks
             if queue in self._auto_watched:
                 for member in self._auto_watched:
                     member.backstop = None

@@ -71,11 +71,13 @@ SPACED_MIN = 50e-6
 #: done ``LATE_SHARE`` of that time late, ``LATE_MAX`` at most (``late_allowed``): ``auto`` starts
 #: its close watch that much later (its lead covers less), spaces the watch's queries by that
 #: much, on the loop's timers from ``LOOP_TIMER_SLACK`` on, instead of asking at every beat, and
-#: does not look again at the next beat after a completion. Under a sustained load, where every
-#: stream keeps work queued, the heads of many streams are in their close watch at once, and a
-#: query of each at every beat is most of the loop's work; a wait whose work began as it started
-#: is watched as closely as ever.
-LATE_SHARE = 0.01
+#: does not look again at the next beat after a completion; ``thread``'s waiter thread spaces
+#: its close watch's queries by that much instead of spinning, and does not rouse the loop
+#: before the completion. Under a sustained load, where every stream keeps work queued, the
+#: heads of many streams are in their close watch at once, and a query of each at every beat is
+#: most of the loop's work (``auto``) or keeps a thread per stream spinning (``thread``); a wait
+#: whose work began as it started is watched as closely as ever.
+LATE_SHARE = {"auto": 0.01, "poll": 0.0, "thread": 0.01, "callback": 0.0}
 LATE_MAX = 1e-3
 
 #: ``auto`` parks the unpredicted heads of at most this many streams on its one waiter thread;
@@ -166,9 +168,9 @@ def plan_head(
     return watch_from, watch_until, next_poll, backoff
 
 
-def late_allowed(queued: float) -> float:
-    """How late a wait queued for ``queued`` seconds before its work began may be seen done."""
-    return min(LATE_SHARE * queued, LATE_MAX) if queued > 0 else 0.0
+def late_allowed(queued: float, mode: WaitStrategy) -> float:
+    """How late a ``mode`` wait queued for ``queued`` seconds before its work began may be seen done."""
+    return min(LATE_SHARE[mode] * queued, LATE_MAX) if queued > 0 else 0.0
 
 
 def auto_look(

@@ -16,14 +16,16 @@ Rules this file keeps:
    may be seen done late (``_policy.late_allowed``) and is not yet predicted done: under a
    sustained load something completes at almost every sweep, and asking every head each time
    would be most of the loop's work.
-3. A sweep wakes the tasks it found done oldest wait first, across its streams; one that has
+3. A head that may be seen done late and that a waiter thread of its own watches (``thread``)
+   is left to it until it saw it done or its back-off query is due, unless no thread took it.
+4. A sweep wakes the tasks it found done oldest wait first, across its streams; one that has
    woken ``SWEEP_WAKE_BUDGET`` tasks yields before the next stream, so they run while the GPU
    finishes the rest; the next sweep starts where it stopped.
-4. Completing a wait happens in one place, ``Sweep._complete_oldest``: the lone wait's close
+5. Completing a wait happens in one place, ``Sweep._complete_oldest``: the lone wait's close
    watch, the sweep and a failed query all complete through it.
-5. Query failures (``CudaError``, for example a sticky kernel fault) are delivered to every
+6. Query failures (``CudaError``, for example a sticky kernel fault) are delivered to every
    waiter of that stream; nothing raised here reaches the loop.
-6. How to watch a queue's new head is not decided here: ``_new_head`` and ``_drop_backstop``
+7. How to watch a queue's new head is not decided here: ``_new_head`` and ``_drop_backstop``
    are the planner's (``_plan``).
 """
 
@@ -152,8 +154,9 @@ class Sweep:
         budget = _policy.SWEEP_WAKE_BUDGET
         every_head, self._progress = self._progress, False
         for position, queue in enumerate(order, 1):
-            if queue.next_look <= now or (every_head and not (queue.late and queue.expected > now)):  # (rule 2)
-                self._sweep_queue(queue, now)
+            due = queue.next_look <= now or (every_head and not (queue.late and queue.expected > now))  # (rule 2)
+            if due or ((backstop := queue.backstop) is not None and (backstop.detected_at or not backstop.job.has_thread)):
+                self._sweep_queue(queue, now)  # (rule 3: a head left to its waiter thread is asked once it tells)
                 if queue.progressed:
                     every_head = self._progress = True
             if not queue.entries:
@@ -230,12 +233,9 @@ class Sweep:
     def _backstop_saw_head_done(queue: Queue) -> bool:
         """Whether the head's waiter thread saw it complete."""
         backstop = queue.backstop
-        return (
-            backstop is not None
-            and bool(backstop.detected_at)
-            and backstop.outcome is None
-            and backstop.done_index == queue.backstop_index
-        )
+        if backstop is None or backstop.outcome is not None:
+            return False
+        return bool(backstop.detected_at) and backstop.done_index == queue.backstop_index
 
     def _burst(self, queue: Queue, stale: list[Entry]) -> tuple[int, Entry | None]:
         """Two done in a row: find the newest entry done (``last_done``) and complete the head

@@ -13,8 +13,10 @@ Invariants:
   released on many streams at once, not one per stream fighting the loop for the GIL); a
   watch of one event is that recording's job.
 - A job may first sleep until ``spin_from``, poke its loops once if it slept (``_rouse``) and
-  watch the event closely for a while (the predicted completion is near). Otherwise, or if
-  that watch runs out, it blocks in ``cuEventSynchronize`` if the event is
+  watch the event closely for a while (the predicted completion is near): query after query,
+  or, for a wait that may be seen done late (work queued on a busy stream), a query each
+  ``spacing`` and no poke before the one that counts. Otherwise, or if that watch runs out,
+  it blocks in ``cuEventSynchronize`` if the event is
   ``CU_EVENT_BLOCKING_SYNC``, and else queries it with pauses growing from ``POLL_FIRST`` to
   ``POLL_MAX`` in between (about 1,000 queries a second at most), so it never spins in the
   driver.
@@ -84,13 +86,19 @@ class Subscriber:
 
 
 class _Job:
-    __slots__ = ("key", "running", "spin_from", "subscribers", "targets")
+    __slots__ = ("has_thread", "key", "running", "spacing", "spin_from", "subscribers", "targets")
 
     def __init__(self, key: tuple[object, int], targets: tuple[Recording, ...], spin_from: float | None) -> None:
         self.key = key
         self.targets = targets  # a recording's job has one; a watch, one per stream
         self.spin_from = spin_from
+        # The pause between the close watch's queries (0: none, it spins): the least of what its
+        # subscribers asked for, each the lateness its wait is allowed.
+        self.spacing = 0.0
         self.running = False
+        # A thread serves it, or one was woken or started for it as it was queued: not one
+        # waiting behind a saturated pool (the loop asks about its event meanwhile).
+        self.has_thread = False
         self.subscribers: dict[Subscriber, None] = {}  # insertion-ordered set: O(1) removal
 
 
@@ -135,12 +143,21 @@ class _Pool:
         self._jobs: dict[tuple[object, int], _Job] = {}
         self._watches = 0
 
-    def subscribe(self, target: Recording, notify: Callable[[], object], spin_from: float | None = None) -> Subscriber:
+    def subscribe(
+        self, target: Recording, notify: Callable[[], object], spin_from: float | None = None, spacing: float = 0.0
+    ) -> Subscriber:
+        """Have a thread wait for ``target``'s current recording and call ``notify`` once it is
+        done. ``spin_from``: its predicted completion is near from then on; ``spacing``: how
+        late the subscriber may see it done, so that the close watch queries that far apart
+        rather than spinning."""
         key = (id(target), target._generation)
         with self._lock:
             job = self._jobs.get(key)
             if job is None:
                 job = self._queue_job(key, (target,), spin_from)
+                job.spacing = spacing
+            else:
+                job.spacing = min(job.spacing, spacing)
             subscriber = Subscriber(notify, job)
             job.subscribers[subscriber] = None
         return subscriber
@@ -174,7 +191,7 @@ class _Pool:
             raise
         job = self._jobs[key] = _Job(key, targets, spin_from)
         self._queue.append(job)
-        self._dispatch()
+        job.has_thread = self._dispatch()
         return job
 
     def unsubscribe(self, subscriber: Subscriber) -> None:
@@ -187,19 +204,22 @@ class _Pool:
     def _serving(self) -> int:  # with self._lock held: threads on jobs someone waits for
         return sum(1 for job in self._jobs.values() if job.running and job.subscribers)
 
-    def _dispatch(self) -> None:  # with self._lock held
+    def _dispatch(self) -> bool:  # with self._lock held: whether a thread will take the queue's newest job
         daemon = self._daemon
         if daemon.waiting >= len(self._queue):
             daemon.notify()
         elif daemon.threads < self._hard_max_threads and self._serving() < self._max_threads:
             daemon.start()
+        else:
+            return False
+        return True
 
     def _take(self) -> Next:  # with self._lock held: the next job someone waits for
         dropped: list[_Job] = []
         while self._queue:
             job = self._queue.popleft()
             if job.subscribers:
-                job.running = True
+                job.running = job.has_thread = True
                 return functools.partial(self._serve, job, dropped)
             self._forget(job)  # every subscriber left before it started
             dropped.append(job)
@@ -264,19 +284,23 @@ class _Pool:
                 if self._let_go(job):
                     return None
                 pause = min(2 * pause, EARLY_POLL_MAX)
-            if slept:
+            if slept and not job.spacing:  # (a loop that may see it done late needs no rousing)
                 self._rouse(job)
             give_up = time.perf_counter() + SPIN_SECONDS
             while (now := time.perf_counter()) < give_up:
                 if query(handle):
                     return pending_at, 0
                 pending_at = now
+                if job.spacing:
+                    if self._let_go(job):
+                        return None
+                    time.sleep(job.spacing)
         if target.is_blocking_sync:
             if driver.context_get_current() != device._context:
                 driver.context_set_current(device._context)
             driver.event_synchronize(handle)
             return pending_at, 0
-        pause = POLL_FIRST
+        pause = max(POLL_FIRST, job.spacing)
         while not query(handle):
             pending_at = time.perf_counter()
             if self._let_go(job):
