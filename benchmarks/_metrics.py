@@ -23,6 +23,7 @@ LOWER_IS_BETTER = {
     "timer lag p99 ms": True,
     "last wake ms": True,
     "wall / GPU floor": True,
+    "wall / stream-order floor": True,
     "best wall / GPU floor": True,
     "wall / floor": True,
     "cores": True,

@@ -10,8 +10,10 @@ Parts (``--parts``; every one but ``sustained`` by default), each for the strate
 - ``first_wait``: waits on 200 µs of work, each on a new stream (nothing predicted yet),
   interleaved with the floor: p50 over the floor's;
 - ``fanout``: 10,000 waiters on 64 streams, each awaiting an event of its own, released at
-  once (``benchmarks.wake``'s "own" fan-out), interleaved with the GPU floor: the median wall
-  over the floor's, CPU per wait, and how soon after the release the first task woke;
+  once (``benchmarks.wake``'s "own" fan-out), interleaved with the GPU floor and the
+  stream-order floor (plain futures, each stream's tasks woken as soon as it is done: the
+  loop's own cost of resuming them): the median wall over each floor's, CPU per wait, and how
+  soon after the release the first task woke;
 - ``loop_profile``: 64 tasks on 8 pooled streams launching 1 ms of work and waiting for it,
   over and over (``benchmarks.loop_profile``): waits per second and the loop thread's busy time
   per wait;
@@ -154,19 +156,24 @@ def first_waits(device: aiogpu.Device, strategies: list[str], quick: bool) -> li
 
 def fanout(device: aiogpu.Device, strategies: list[str], quick: bool) -> list[tuple[str, str, float]]:
     waiters = 1_000 if quick else 10_000
-    names = [baselines.FANOUT_GPU_FLOOR, *(f"aiogpu {strategy}" for strategy in strategies)]
+    floors = (baselines.FANOUT_GPU_FLOOR, baselines.FANOUT_STREAM_ORDER_FLOOR)
+    names = [*floors, *(f"aiogpu {strategy}" for strategy in strategies)]
     runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in names}
     for _ in range(1 if quick else 3):  # interleaved
         for name in names:
             wall, cpu, _, _, first = asyncio.run(wake.fanout_case(device, name, waiters, 64, True))
             runs[name].append((wall, cpu, first))
-    floor = statistics.median(wall for wall, _, _ in runs[baselines.FANOUT_GPU_FLOOR])
-    figures = []
+    floor, stream_order = (statistics.median(wall for wall, _, _ in runs[name]) for name in floors)
+    # The stream-order floor wakes each stream's tasks through plain futures as soon as the stream
+    # is done: what the loop itself costs to resume the tasks while the GPU finishes the rest.
+    figures = [(f"fan-out {waiters}x64 own events, stream-order floor", "wall / GPU floor", stream_order / floor)]
     for strategy in strategies:
         measured = runs[f"aiogpu {strategy}"]
         workload = f"fan-out {waiters}x64 own events, {strategy}"
+        wall = statistics.median(wall for wall, _, _ in measured)
         figures += [
-            (workload, "wall / GPU floor", statistics.median(wall for wall, _, _ in measured) / floor),
+            (workload, "wall / GPU floor", wall / floor),
+            (workload, "wall / stream-order floor", wall / stream_order),
             (workload, "CPU µs/wait", statistics.median(cpu for _, cpu, _ in measured) / waiters * 1e6),
             (workload, "first wake ms", statistics.median(first for _, _, first in measured) * 1e3),
         ]

@@ -420,6 +420,7 @@ def test_the_goal_figures_run_on_the_simulated_device(tmp_path: Path) -> None:
             for metric in ("p50 over floor µs", "p99 over floor µs", "CPU share of floor"):
                 assert (f"lone wait {work} µs, {strategy}", metric) in figures
         assert figures[f"fan-out 1000x64 own events, {strategy}", "wall / GPU floor"] > 0
+        assert figures[f"fan-out 1000x64 own events, {strategy}", "wall / stream-order floor"] > 0
         assert figures[f"fan-out 1000x64 own events, {strategy}", "first wake ms"] > 0
         assert (f"first wait on a stream 200 µs, {strategy}", "p50 over floor µs") in figures
         assert figures[f"loop profile 16 tasks, {strategy}", "waits/s"] > 0
@@ -432,6 +433,7 @@ def test_the_goal_figures_run_on_the_simulated_device(tmp_path: Path) -> None:
         first, last = (figures[f"backlog 1000x16 own events, {strategy}", f"{which} wake ms"] for which in ("first", "last"))
         assert 0 < first <= last, (first, last)
     assert figures["timers, nothing else", "timer lag p99 ms"] >= 0
+    assert figures["fan-out 1000x64 own events, stream-order floor", "wall / GPU floor"] > 0
     # Every figure is one the comparison and the ablation know which way is better.
     assert {metric for _, metric in figures} <= set(_metrics.LOWER_IS_BETTER)
     assert run.stdout.count("the simulated device: ") == len(figures) + len(goals.PARTS)
