@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import functools
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, final
@@ -56,13 +55,14 @@ class IpcEventHandle:
                 raise TypeError(f"IpcEventHandle.{name} must be a non-negative int, got {value!r}")
 
 
-@functools.cache
-def _stream_type() -> type[Stream]:
-    """``aiogpu.Stream``, imported at first use (a cycle: streams record events) and cached: an
-    import statement runs on every ``record()``, the hot path of every wait."""
-    from ._stream import Stream
+class EventRecorder:
+    """What :meth:`Event.record` records on: the base of ``aiogpu.Stream``, defined here so that
+    events need not import streams (streams import events)."""
 
-    return Stream
+    __slots__ = ()
+
+    def _record_event(self, event: Event) -> None:
+        raise NotImplementedError
 
 
 @final
@@ -246,7 +246,7 @@ class Event(Recording):
         self._lifetime.check_open()
         if stream is None:
             stream = self._device.default_stream
-        elif not isinstance(stream, _stream_type()):
+        elif not isinstance(stream, EventRecorder):
             raise TypeError(
                 f"record() expects an aiogpu.Stream, got {stream!r}; adopt foreign streams with aiogpu.Stream.adopt(obj)"
             )

@@ -21,7 +21,7 @@ from . import _foreign, _wait
 from ._checks import check_flag, check_int
 from ._device import Device
 from ._driver import DEFAULT_STREAM_HANDLES, EVENT_INTERPROCESS, PER_THREAD_STREAM, STREAM_NON_BLOCKING, default_driver
-from ._event import Event
+from ._event import Event, EventRecorder
 from ._lifetime import HandleLifetime
 
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ def stream_of(event: Event) -> Stream | None:
 
 
 @final
-class Stream:
+class Stream(EventRecorder):
     """A CUDA stream: GPU work in submission order.
 
     ``Stream(device, ...)`` creates a stream that aiogpu owns; :meth:`adopt` wraps one that

@@ -43,12 +43,11 @@ LAYERS = (
 ABOVE_ALL = ("aiogpu", "aiogpu.testing")
 
 #: Imports that run at first use, inside a function, and go up the layers: factories that make
-#: what a higher layer defines (``Device.default_stream``, ``Device.create_event``) and
-#: ``Event.record``'s check that it was given a Stream. Each closes a circle at run time.
+#: what a higher layer defines (``Device.default_stream``, ``Device.create_stream``,
+#: ``Device.create_event``). Each closes a circle at run time.
 UPWARD_AT_FIRST_USE = {
     ("aiogpu._device", "aiogpu._stream"),
     ("aiogpu._device", "aiogpu._event"),
-    ("aiogpu._event", "aiogpu._stream"),
 }
 
 MAX_MODULE_LINES = 400
