@@ -103,6 +103,7 @@ def test_elapsed_time_errors(device: aiogpu.Device) -> None:
     with aiogpu.Stream(device) as stream, Latch(device) as latch:
         untimed = stream.record()
         start = stream.record(timing=True)
+        start.synchronize()  # done before the latch holds the stream: only the end is pending
         latch.block(stream)
         pending = stream.record(timing=True)
         with pytest.raises(aiogpu.EventStateError, match="the start event was created without timing"):
