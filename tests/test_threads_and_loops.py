@@ -510,37 +510,3 @@ def test_a_half_imported_sniffio_does_not_break_asyncio_waits(device: aiogpu.Dev
         return "woke"
 
     assert asyncio.run(asyncio_wait()) == "woke"
-
-
-@pytest.mark.anyio
-async def test_pokes_from_threads_coalesce_until_the_loop_has_taken_one(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Waiter threads that see completions while the loop is busy each poke it: one wake-up on
-    # its way is enough (the look it brings about sees every completion noted before), so the
-    # loop is woken once, not once per thread; once it has taken that poke, the next one wakes it.
-    from aiogpu._wait import _registry
-
-    watcher = _registry.current()
-    scheduled: list[object] = []
-    waker = watcher.backend.waker
-
-    def counted(callback: Any) -> bool:
-        scheduled.append(callback)
-        return waker(callback)
-
-    monkeypatch.setattr(watcher.backend, "waker", counted)
-
-    def poke_from_threads(times: int) -> list[bool]:  # joined at once: the loop runs no callback meanwhile
-        sent: list[bool] = []
-        threads = [threading.Thread(target=lambda: sent.append(watcher._poke_threadsafe())) for _ in range(times)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        return sent
-
-    assert poke_from_threads(8) == [True] * 8
-    assert len(scheduled) == 1
-    for _ in range(3):  # the loop takes the poke
-        await anyio.lowlevel.checkpoint()
-    assert poke_from_threads(2) == [True, True]
-    assert len(scheduled) == 2

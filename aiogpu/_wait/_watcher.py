@@ -76,7 +76,6 @@ class Watcher(Planner):
         self._parked: Park | None = None  # where the driving task sleeps, while it does
         self._busy = BusyLook(backend, self._look_at_parked)  # looks while a busy loop keeps threads out
         self._kept_timer: float | None = None  # the loop timer last kept on time (when, by the loop's clock)
-        self._poke_on_its_way = False  # a thread's poke is scheduled on the loop and has not run yet
         self.registration: Registration | None = None  # how the asyncio registry holds it (``_registry``)
 
     # -- the waiting task's side (``_wait.wait``) ---------------------------------------------
@@ -346,25 +345,12 @@ class Watcher(Planner):
         """Look again now, from a loop callback of its own (a thread saw a completion, a timer
         fired): on asyncio and uvloop the driving task resumes in this callback, not on the loop's
         next iteration."""
-        self._poke_on_its_way = False  # first: what completes from now on pokes again
         if self._parked is not None:
             self._parked.wake_in_callback()
 
     def _poke_threadsafe(self) -> bool:
-        """Look again soon (any thread); ``False`` if the loop is gone.
-
-        Pokes coalesce: while one is on its way to the loop, another adds nothing, since the look
-        it brings about comes after both completions were noted (a waiter thread notes what it
-        saw before it pokes). Many threads' completions cost the loop one wake-up, not one each."""
-        if self._poke_on_its_way:
-            return True
-        self._poke_on_its_way, sent = True, False
-        try:
-            sent = self.backend.waker(self._poke_in_callback)
-        finally:
-            if not sent:  # the loop is gone, or the waker raised: the next poke tries again
-                self._poke_on_its_way = False
-        return sent
+        """Look again soon (any thread); ``False`` if the loop is gone."""
+        return self.backend.waker(self._poke_in_callback)
 
     # -- endings ------------------------------------------------------------------------------
     def _fail_all(self, error: BaseException) -> None:
