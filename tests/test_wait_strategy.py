@@ -1184,25 +1184,16 @@ def test_waits_one_after_another_are_served_by_one_warm_waiter_thread(sim: Simul
 
 
 @pytest.mark.parametrize("spacing", [0.0, 0.5e-3])
-def test_a_waiter_thread_spaces_its_close_watch_by_the_lateness_its_wait_allows(sim: SimulatedDriver, spacing: float) -> None:
+def test_a_waiter_thread_spaces_its_close_watch_by_the_lateness_its_wait_allows(
+    sim: SimulatedDriver, monkeypatch: pytest.MonkeyPatch, spacing: float
+) -> None:
     # A wait queued behind other work may be seen done a little late (``_policy.late_allowed``):
     # its waiter thread asks that far apart instead of spinning, and pokes its loop only once,
     # when it saw the work done, not also as its close watch starts.
     from aiogpu._wait import _thread
 
     pool = _thread._Pool(max_threads=1, hard_max_threads=1, idle_seconds=30.0)
-    asked: list[float] = []
-    enough = threading.Event()
-    query = sim.event_query
-
-    def noted(event: int) -> bool:
-        if in_waiter_thread():
-            asked.append(time.perf_counter())
-            if len(asked) >= 6:
-                enough.set()
-        return query(event)
-
-    sim.event_query = noted  # type: ignore[method-assign]
+    asked, enough = waiter_thread_queries(sim, monkeypatch, enough=6)
     pokes: list[float] = []
     done = threading.Event()
 
@@ -1223,7 +1214,6 @@ def test_a_waiter_thread_spaces_its_close_watch_by_the_lateness_its_wait_allows(
             assert done.wait(5), "the waiter thread never saw the work done"
             event._lifetime.release()
     finally:
-        sim.event_query = query  # type: ignore[method-assign]
         pool.stop_idle_threads()
     watch = [at for at in asked if at >= spin_from][1:5]  # its close watch (after the early polls' last)
     gaps = [later - earlier for earlier, later in itertools.pairwise(watch)]
