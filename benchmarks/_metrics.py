@@ -28,6 +28,7 @@ LOWER_IS_BETTER = {
     "wall / floor": True,
     "cores": True,
     "waiting cores": True,
+    "other threads' cores": True,
     "waits/s": False,
     "loop busy µs/wait": True,
     "other threads' CPU µs/wait": True,

@@ -46,7 +46,7 @@ def profile(device: aiogpu.Device, way: str, waiters: int, quick: bool, top: int
     turns = 2 if quick else 3
     profiler = cProfile.Profile()
 
-    async def warmed_up_then_profiled() -> tuple[float, float, int]:
+    async def warmed_up_then_profiled() -> wake.SustainedRun:
         await wake.sustained_run(way, streams, events, 1, kernel, 60.0)
         profiler.enable()
         try:
@@ -55,7 +55,7 @@ def profile(device: aiogpu.Device, way: str, waiters: int, quick: bool, top: int
             profiler.disable()
 
     with wake.sustained_streams(device, layout) as (streams, events):
-        wall, _, completed = asyncio.run(warmed_up_then_profiled())
+        wall, _, completed, _ = asyncio.run(warmed_up_then_profiled())
     gpu_time = turns * max(wake.sustained_kernels(layout)) * kernel
     stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
     rows = [

@@ -20,7 +20,8 @@ Parts (``--parts``; every one but ``sustained`` by default), each for the strate
 - ``overlap``: GPU jobs beside host chunks on one loop (``benchmarks.overlap``): the speed-up
   over running them one after the other, and the wall over the floor;
 - ``sustained``: ``benchmarks.wake``'s sustained load, shortened, on 32 streams (one per
-  hardware queue), on asyncio only: wall over its floor and the cores busy waiting. It asks the
+  hardware queue), on asyncio only: wall over its floor, the cores busy waiting, and the cores
+  of every thread but the loop's (waiter and timer threads). It asks the
   driver for every hardware queue, in a process of its own beside other parts; the other parts
   run with the driver's default, as most servers do.
 
@@ -219,13 +220,15 @@ def sustained(device: aiogpu.Device, strategies: list[str], quick: bool) -> list
     with wake.sustained_streams(device, layout) as (streams, events):
         floor, launch_cpu = wake.sustained_floor(streams, events, turns, kernel)
         for strategy in strategies:
-            wall, cpu, completed = asyncio.run(
+            run = asyncio.run(
                 wake.sustained_run(f"aiogpu {strategy}", streams, events, turns, kernel, wake.SUSTAINED_CAP * floor)
             )
+            wall, cpu, completed = run.wall, run.cpu, run.completed
             workload = f"sustained {waiters}x{len(layout)}, {strategy}"
             figures += [
                 (workload, "wall / floor", wall * waiters * turns / completed / floor),
                 (workload, "waiting cores", (cpu - completed * launch_cpu) / wall),
+                (workload, "other threads' cores", run.other_threads_cpu / wall),
             ]
     return figures
 

@@ -115,17 +115,20 @@ def _sustained_markdown(sustained: dict[str, Any]) -> list[str]:
         f" {floor['launch_cpu_us']:.2f} µs of CPU a turn to launch and record.",
         "Cores are process CPU time over wall; *waiting* cores and CPU leave out the launches' and recordings'",
         "own CPU (the floor's, per turn): what the way of waiting costs; *engine* cores leave out also the loop's cost",
-        "of resuming each task from a plain future (measured alone): what the engine costs. Medians of the repeats,",
-        "interleaved; a way that fell behind stopped starting turns at twice the floor's wall, and its wall is scaled",
-        "to the planned work at the pace it kept (stopped runs: last column).",
+        "of resuming each task from a plain future (measured alone): what the engine costs; *other threads'* cores",
+        "are the CPU of every thread but the loop's (waiter and timer threads, `to_thread`'s workers) over wall.",
+        "Medians of the repeats, interleaved; a way that fell behind stopped starting turns at twice the floor's wall,",
+        "and its wall is scaled to the planned work at the pace it kept (stopped runs: last column).",
         "",
-        "| loop | strategy | waits | wall ms | vs floor | cores | waiting cores | engine cores | CPU µs/wait | waiting CPU µs/wait | stopped early |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| loop | strategy | waits | wall ms | vs floor | cores | waiting cores | engine cores | other threads' cores"
+        " | CPU µs/wait | waiting CPU µs/wait | stopped early |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in sustained["rows"]:
         lines.append(
             f"| {row['loop']} | {row['strategy']} | {row['waits']:,} | {row['wall_ms']:.1f} | {row['wall_ratio_to_floor']:.3f}x |"
-            f" {row['cores']:.2f} | {row['waiting_cores']:.2f} | {row.get('engine_cores', math.nan):.2f} | {row['cpu_us_per_wait']:.2f} | {row['waiting_cpu_us_per_wait']:.2f} |"
+            f" {row['cores']:.2f} | {row['waiting_cores']:.2f} | {row.get('engine_cores', math.nan):.2f} |"
+            f" {row.get('other_threads_cores', math.nan):.2f} | {row['cpu_us_per_wait']:.2f} | {row['waiting_cpu_us_per_wait']:.2f} |"
             f" {row['stopped_early']} |"
         )
     lines += ["", "Goals (the best of the ways each is about, on each loop):", ""]

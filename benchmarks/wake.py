@@ -79,7 +79,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import aiogpu
 from aiogpu.testing import Latch, SimulatedDriver, launch_spin
@@ -239,6 +239,7 @@ class SustainedRow:
     waiting_cpu_us_per_wait: float
     resuming_cpu_us_per_wait: float  # a task resumed from a plain future (``task_wakes``)
     engine_cores: float  # waiting cores less resuming the tasks: what the engine itself costs
+    other_threads_cores: float  # CPU of every thread but the loop's, over wall: waiter and timer threads, workers
     stopped_early: int  # runs that stopped starting turns at ``SUSTAINED_CAP``
 
 
@@ -696,12 +697,25 @@ def sustained_floor(
     return time.perf_counter() - started, launching / (turns * len(order))
 
 
+class SustainedRun(NamedTuple):
+    """One run of the sustained load, from the start until the last task finished."""
+
+    wall: float  # seconds
+    cpu: float  # the process's CPU seconds
+    completed: int  # waits
+    loop_cpu: float  # the loop thread's CPU seconds (the rest: aiogpu's threads, to_thread's workers)
+
+    @property
+    def other_threads_cpu(self) -> float:
+        """CPU seconds of every thread but the loop's (two clocks read a moment apart: never below 0)."""
+        return max(self.cpu - self.loop_cpu, 0.0)
+
+
 async def sustained_run(
     name: str, streams: list[aiogpu.Stream], events: list[list[aiogpu.Event]], turns: int, kernel: float, cap: float
-) -> tuple[float, float, int]:
+) -> SustainedRun:
     """Every waiter's task takes ``turns`` turns (launch a kernel on its stream, record its
-    event, await it), all at once; after ``cap`` seconds no task starts another. Returns (wall
-    seconds, CPU seconds, waits completed) from the start until the last task finished."""
+    event, await it), all at once; after ``cap`` seconds no task starts another."""
     loop = asyncio.get_running_loop()
     start: asyncio.Future[None] = loop.create_future()
     done: asyncio.Future[None] = loop.create_future()
@@ -744,17 +758,17 @@ async def sustained_run(
     gc.collect()
     gc.disable()  # as in fan-out: a collection of 10,000 tasks is noise here
     try:
-        cpu = time.process_time()
+        cpu, loop_cpu = time.process_time(), time.thread_time()
         started = time.perf_counter()
         stop_at = started + cap
         start.set_result(None)
         await done
         wall = time.perf_counter() - started
-        cpu = time.process_time() - cpu
+        cpu, loop_cpu = time.process_time() - cpu, time.thread_time() - loop_cpu
     finally:
         gc.enable()
     del tasks
-    return wall, cpu, completed
+    return SustainedRun(wall, cpu, completed, loop_cpu)
 
 
 @contextlib.contextmanager
@@ -796,7 +810,7 @@ def sustained_cases(device: aiogpu.Device, quick: bool, nstreams: int = SUSTAINE
     turns = max(2, math.ceil(seconds / (max(kernels) * kernel)))
     planned = waiters * turns
     floor_runs: list[tuple[float, float]] = []
-    runs: dict[tuple[str, str], list[tuple[float, float, int]]] = {}
+    runs: dict[tuple[str, str], list[SustainedRun]] = {}
     resuming: dict[str, list[float]] = {}
     what = f"{waiters:6} waiters {nstreams:3} streams {kernel * 1e6:5.0f} us kernels, {turns} turns"
     with (
@@ -818,9 +832,10 @@ def sustained_cases(device: aiogpu.Device, quick: bool, nstreams: int = SUSTAINE
                     chosen = blocking_events if name == baselines.THREAD_BLOCKING_SYNC else events
                     result = run(sustained_run(name, streams, chosen, turns, kernel, SUSTAINED_CAP * wall))
                     runs.setdefault((loop_name, name), []).append(result)
-                    ran, cpu, completed = result
+                    ran, cpu, completed, _ = result
                     print(
                         f"sustained {loop_name:7} {what}  {name:40} wall {ran * 1e3:8.1f} ms  cores {cpu / ran:5.2f}"
+                        f" (other threads {result.other_threads_cpu / ran:4.2f})"
                         f"  cpu/wait {cpu / completed * 1e6:6.2f} us  waits {completed}/{planned}"
                         f"{' (stopped at the cap)' if completed < planned else ''}  (run {repeat + 1})",
                         flush=True,
@@ -840,7 +855,7 @@ def sustained_cases(device: aiogpu.Device, quick: bool, nstreams: int = SUSTAINE
     )
     rows = []
     for (loop_name, name), measured in runs.items():
-        walls = [wall * planned / completed for wall, _, completed in measured]  # the planned work at the pace it kept
+        walls = [run.wall * planned / run.completed for run in measured]  # the planned work at the pace it kept
         resume = statistics.median(resuming[loop_name])
         rows.append(
             SustainedRow(
@@ -850,18 +865,17 @@ def sustained_cases(device: aiogpu.Device, quick: bool, nstreams: int = SUSTAINE
                 streams=nstreams,
                 kernel_us=kernel * 1e6,
                 planned_waits=planned,
-                waits=round(statistics.median(completed for _, _, completed in measured)),
+                waits=round(statistics.median(run.completed for run in measured)),
                 wall_ms=statistics.median(walls) * 1e3,
                 wall_ratio_to_floor=statistics.median(walls) / floor_wall,
-                cores=statistics.median(cpu / wall for wall, cpu, _ in measured),
-                waiting_cores=statistics.median((cpu - completed * launch_cpu) / wall for wall, cpu, completed in measured),
-                cpu_us_per_wait=statistics.median(cpu / completed for _, cpu, completed in measured) * 1e6,
-                waiting_cpu_us_per_wait=statistics.median(cpu / completed - launch_cpu for _, cpu, completed in measured) * 1e6,
+                cores=statistics.median(run.cpu / run.wall for run in measured),
+                waiting_cores=statistics.median((run.cpu - run.completed * launch_cpu) / run.wall for run in measured),
+                cpu_us_per_wait=statistics.median(run.cpu / run.completed for run in measured) * 1e6,
+                waiting_cpu_us_per_wait=statistics.median(run.cpu / run.completed - launch_cpu for run in measured) * 1e6,
                 resuming_cpu_us_per_wait=resume * 1e6,
-                engine_cores=statistics.median(
-                    (cpu - completed * (launch_cpu + resume)) / wall for wall, cpu, completed in measured
-                ),
-                stopped_early=sum(completed < planned for _, _, completed in measured),
+                engine_cores=statistics.median((run.cpu - run.completed * (launch_cpu + resume)) / run.wall for run in measured),
+                other_threads_cores=statistics.median(run.other_threads_cpu / run.wall for run in measured),
+                stopped_early=sum(run.completed < planned for run in measured),
             )
         )
     goals = sustained_goals(rows)

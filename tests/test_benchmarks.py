@@ -152,6 +152,7 @@ def test_the_sustained_load_runs_every_way_of_waiting_against_its_floor(tmp_path
         # Resuming a task from a plain future costs something, and the engine the rest.
         assert row["resuming_cpu_us_per_wait"] > 0, row
         assert row["engine_cores"] < row["waiting_cores"], row
+        assert 0 <= row["other_threads_cores"] < row["cores"], row  # the loop thread ran the tasks
     # Each goal once per loop, judged on one of the ways it is about, met or not.
     goals = {(goal["goal"], goal["loop"]): goal for goal in sustained["goals"]}
     assert set(goals) == {(goal, loop) for goal, *_ in wake.SUSTAINED_GOALS for loop in loops}
@@ -426,6 +427,7 @@ def test_the_goal_figures_run_on_the_simulated_device(tmp_path: Path) -> None:
         assert figures[f"loop profile 16 tasks, {strategy}", "waits/s"] > 0
         assert figures[f"overlap, {strategy}", "speed-up"] > 0
         assert figures[f"sustained 1000x32, {strategy}", "wall / floor"] > 0
+        assert figures[f"sustained 1000x32, {strategy}", "other threads' cores"] >= 0
         assert (f"lone wait 20 µs, {strategy}", "p50 over floor µs") in figures
         assert figures[f"varying 1 or 5 ms, {strategy}", "CPU share of floor"] > 0
         p50, p99 = (figures[f"timers beside 5000 µs waits, {strategy}", f"timer lag {q} ms"] for q in ("p50", "p99"))
