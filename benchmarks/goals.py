@@ -171,10 +171,10 @@ def fanout(device: aiogpu.Device, strategies: list[str], quick: bool) -> list[tu
     for strategy in strategies:
         measured = runs[f"aiogpu {strategy}"]
         workload = f"fan-out {waiters}x64 own events, {strategy}"
-        wall = statistics.median(wall for wall, _, _ in measured)
+        median_wall = statistics.median(wall for wall, _, _ in measured)
         figures += [
-            (workload, "wall / GPU floor", wall / floor),
-            (workload, "wall / stream-order floor", wall / stream_order),
+            (workload, "wall / GPU floor", median_wall / floor),
+            (workload, "wall / stream-order floor", median_wall / stream_order),
             (workload, "CPU µs/wait", statistics.median(cpu for _, cpu, _ in measured) / waiters * 1e6),
             (workload, "first wake ms", statistics.median(first for _, _, first in measured) * 1e3),
         ]
