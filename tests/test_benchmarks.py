@@ -455,7 +455,9 @@ def test_the_engine_profile_lists_each_ways_own_work_per_wait(tmp_path: Path) ->
         assert len(top) == 40
         owns = [row["own_us_per_wait"] for row in top]
         assert owns == sorted(owns, reverse=True) and sum(owns) <= profile["profiled_us_per_wait"] + 1e-6
-        assert all(row["own_us_per_wait"] <= row["cumulative_us_per_wait"] + 1e-6 for row in top), way
+        # (cProfile on Python 3.12 may time a blocking builtin's own time a fraction of a percent
+        # over its cumulative time, ``lock.acquire`` for one: two clock reads around a GIL release.)
+        assert all(row["own_us_per_wait"] <= row["cumulative_us_per_wait"] * 1.01 + 1e-6 for row in top), way
         assert f"{way}: 1280 waits in " in run.stdout and " (pace " in run.stdout
     # Every wait records its event once, whichever way waits for it; only aiogpu runs its own wait.
     records = {
