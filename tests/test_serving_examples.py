@@ -60,12 +60,18 @@ def test_server_predicts_and_stays_healthy(kind: str) -> None:
         assert stats["wait_p99_ms"] >= stats["wait_p50_ms"] > stats["late_p50_ms"] >= 0
         assert stats["wait_p50_ms"] >= 4
         assert 0 < stats["loop_cores"] <= stats["cores"] + 0.05  # the loop's thread is one of the process's
+        # each answered request's time in the server, phase by phase: its batch's wait among them
+        assert stats["batch_wait_p50_ms"] >= 4
+        phases = ("queued", "batch_wait", "answering", "resuming")
+        assert all(stats[f"{phase}_p50_ms"] >= 0 for phase in phases), stats
+        assert stats["in_app_p99_ms"] >= stats["in_app_p50_ms"] >= stats["batch_wait_p50_ms"]
+        assert stats["in_app_p99_ms"] <= sum(stats[f"{phase}_p99_ms"] for phase in phases) + 1e-6
         status, cleared = call(url + "/stats", method="DELETE")
         assert isinstance(cleared, dict)
         assert {name: value for name, value in cleared.items() if not name.endswith("cores")} == {
             "batches": 0,
             "mean_size": None,
-            **{f"{name}_{q}_ms": None for name in ("wait", "late") for q in ("p50", "p99")},
+            **{f"{name}_{q}_ms": None for name in ("wait", "late", *phases, "in_app") for q in ("p50", "p99")},
         }
 
 
@@ -206,6 +212,53 @@ async def test_health_fails_while_a_gpu_wait_is_stuck(monkeypatch: pytest.Monkey
         assert model.health() == (True, {"status": "ok", "mode": "aiogpu", "batches": 0})
         stuck.close()
     model.close()
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(("answers_per_turn", "turns"), [(1, 6), (4, 2), (0, 1)])
+async def test_a_batchs_answers_go_out_so_many_per_loop_turn(
+    monkeypatch: pytest.MonkeyPatch, answers_per_turn: int, turns: int
+) -> None:
+    import asyncio
+
+    monkeypatch.syspath_prepend(str(SERVING))
+    import model as serving  # examples/serving/model.py
+
+    model = serving.Model(answers_per_turn=answers_per_turn)  # no GPU here: the simulated device
+    turn = 0
+
+    async def count_turns() -> None:
+        nonlocal turn
+        while True:
+            turn += 1
+            await asyncio.sleep(0)
+
+    async def predict(tokens: list[int]) -> int:
+        await model.predict(tokens)
+        return turn  # the loop turn its handler ran again on
+
+    counter = asyncio.create_task(count_turns())
+    try:
+        returned = await asyncio.wait_for(asyncio.gather(*(predict([index + 1]) for index in range(6))), 10)
+    finally:
+        counter.cancel()
+        model.close()
+        await asyncio.gather(counter, return_exceptions=True)
+    assert model.batches_run == 1  # one batch of six
+    assert len(set(returned)) == turns, returned
+    assert returned == sorted(returned)  # answered in the batch's order
+    stats = model.batches.summary()
+    assert stats["in_app_p50_ms"] >= stats["batch_wait_p50_ms"] >= 4  # the simulated 4 ms of GPU time
+
+
+def test_answers_per_turn_must_not_be_negative() -> None:
+    sys.path.insert(0, str(SERVING))
+    try:
+        import model as serving  # examples/serving/model.py
+    finally:
+        sys.path.remove(str(SERVING))
+    with pytest.raises(ValueError, match="answers_per_turn must be 0 .all at once. or more, got -1"):
+        serving.Model(answers_per_turn=-1)
 
 
 @pytest.mark.slow

@@ -4,7 +4,7 @@ POST /predict {"tokens": [ints]} -> {"outputs": [16 floats]}; GET /health (503 w
 is stuck); GET /stats, the last batches' sizes and waits (DELETE /stats starts over). See
 ``model.py``.
 
-Run:  python examples/serving/aiohttp_server.py [--mode aiogpu] [--port 8000]
+Run:  python examples/serving/aiohttp_server.py [--mode aiogpu] [--port 8000] [--answers-per-turn 1]
 """
 
 # /// script
@@ -43,9 +43,9 @@ async def stats(request: web.Request) -> web.Response:
     return web.json_response(batches.summary())
 
 
-def create_app(mode: str) -> web.Application:
+def create_app(mode: str, answers_per_turn: int = 1) -> web.Application:
     app = web.Application()
-    app[MODEL] = model = Model(mode)
+    app[MODEL] = model = Model(mode, answers_per_turn=answers_per_turn)
     app.router.add_post("/predict", predict)
     app.router.add_get("/health", health)
     app.router.add_get("/stats", stats)
@@ -65,4 +65,4 @@ def create_app(mode: str) -> web.Application:
 
 if __name__ == "__main__":
     arguments = server_arguments(__doc__.split("\n\n")[0])
-    web.run_app(create_app(arguments.mode), host="127.0.0.1", port=arguments.port, print=None)
+    web.run_app(create_app(arguments.mode, arguments.answers_per_turn), host="127.0.0.1", port=arguments.port, print=None)

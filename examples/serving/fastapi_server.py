@@ -6,7 +6,7 @@ is stuck: ``aiogpu.pending_waits``); GET /stats, the last batches' sizes and wai
 of streams over every GPU (``model.py``). ``--mode blocking`` and ``--mode to_thread`` wait the
 ways aiogpu replaces, for comparison (``loadtest.py``).
 
-Run:  python examples/serving/fastapi_server.py [--mode aiogpu] [--port 8000]
+Run:  python examples/serving/fastapi_server.py [--mode aiogpu] [--port 8000] [--answers-per-turn 1]
 """
 
 # /// script
@@ -32,8 +32,8 @@ class Prediction(BaseModel):
     tokens: list[int]
 
 
-def create_app(mode: str) -> FastAPI:
-    model = Model(mode)
+def create_app(mode: str, answers_per_turn: int = 1) -> FastAPI:
+    model = Model(mode, answers_per_turn=answers_per_turn)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -70,4 +70,6 @@ def create_app(mode: str) -> FastAPI:
 
 if __name__ == "__main__":
     arguments = server_arguments(__doc__.split("\n\n")[0])
-    uvicorn.run(create_app(arguments.mode), host="127.0.0.1", port=arguments.port, log_level="warning")
+    uvicorn.run(
+        create_app(arguments.mode, arguments.answers_per_turn), host="127.0.0.1", port=arguments.port, log_level="warning"
+    )

@@ -17,6 +17,7 @@ to ``--out``.
 
 Run:  python examples/serving/loadtest.py [--server fastapi|aiohttp] [--repeats 3] [--seconds 10]
           [--rate 1000] [--modes aiogpu aiogpu-thread to_thread blocking] [--engine LABEL=TREE]
+          [--answers-per-turn 1]
 """
 
 # /// script
@@ -55,6 +56,7 @@ from loadtools import (  # noqa: E402
     stop_server,
     wait_until_healthy,
 )
+from model import REQUEST_PHASES  # noqa: E402  (beside this file)
 
 MODES = ("aiogpu", "aiogpu-thread", "to_thread", "blocking")
 START_MARGIN = 1.0  # seconds for the worker processes to be ready before a phase starts
@@ -166,9 +168,12 @@ async def run_phase(
     }
 
 
-def start_server(server_kind: str, mode: str, port: int, engine_trees: dict[str, str]) -> subprocess.Popen[bytes]:
+def start_server(
+    server_kind: str, mode: str, port: int, engine_trees: dict[str, str], answers_per_turn: int
+) -> subprocess.Popen[bytes]:
     server_mode_, environment = server_mode(mode, engine_trees)
     command = [sys.executable, str(HERE / f"{server_kind}_server.py"), "--mode", server_mode_, "--port", str(port)]
+    command += ["--answers-per-turn", str(answers_per_turn)]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=environment)
 
 
@@ -197,6 +202,12 @@ def report(mode: str, phase: str, result: dict[str, Any]) -> None:
             f" CPU: loop {batches['loop_cores']:.2f}, all {batches['cores']:.2f} cores",
             flush=True,
         )
+    if batches.get("in_app_p50_ms") is not None:
+        phases = ", ".join(
+            f"{phase.replace('_', ' ')} {batches[f'{phase}_p50_ms']:.2f} / {batches[f'{phase}_p99_ms']:.2f}"
+            for phase in REQUEST_PHASES
+        )
+        print(f"{'':23} requests in the server, p50 / p99 ms: {phases}", flush=True)
 
 
 def capacity_ratio(rows: list[dict[str, object]], mode: str, reference: str) -> float:
@@ -209,7 +220,7 @@ def capacity_ratio(rows: list[dict[str, object]], mode: str, reference: str) -> 
 async def main(arguments: argparse.Namespace) -> None:
     print(
         f"{arguments.server} server, {arguments.concurrency} connections from {arguments.clients} client processes, "
-        f"{arguments.seconds:g} s per phase",
+        f"{arguments.seconds:g} s per phase, {arguments.answers_per_turn or 'all'} answers per loop turn",
         flush=True,
     )
     engine_trees = engines(arguments.engine)
@@ -221,7 +232,7 @@ async def main(arguments: argparse.Namespace) -> None:
     try:
         for mode in modes:  # side by side: they load torch and capture their graphs together
             port = free_port()
-            servers[mode] = port, start_server(arguments.server, mode, port, engine_trees)
+            servers[mode] = port, start_server(arguments.server, mode, port, engine_trees, arguments.answers_per_turn)
             pin(servers[mode][1].pid, cpu_list(arguments.server_cpus))
         for port, server in servers.values():
             await asyncio.to_thread(wait_until_healthy, port, server)
@@ -247,6 +258,7 @@ async def main(arguments: argparse.Namespace) -> None:
                     "server": arguments.server,
                     "concurrency": arguments.concurrency,
                     "clients": arguments.clients,
+                    "answers_per_turn": arguments.answers_per_turn,
                     "engines": engine_trees,
                     "rows": rows,
                 },
@@ -265,6 +277,9 @@ if __name__ == "__main__":
     parser.add_argument("--concurrency", type=int, default=64, help="connections, shared by the client processes")
     parser.add_argument("--clients", type=int, default=2, help="client processes generating the load")
     parser.add_argument("--rate", type=float, default=1000.0, help="requests per second of the bounded phase")
+    parser.add_argument(
+        "--answers-per-turn", type=int, default=1, help="the servers' --answers-per-turn (0: a batch's all at once)"
+    )
     parser.add_argument("--server-cpus", help='pin the servers to these CPUs ("0-7"; default: no pinning)')
     parser.add_argument("--client-cpus", help='pin the client processes to these CPUs ("8-15")')
     parser.add_argument(

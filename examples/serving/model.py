@@ -11,7 +11,13 @@ outputs computed in Python.
 The batcher takes a stream before it takes requests, so while every stream is busy requests
 gather into the next batch instead of queueing as many small ones. ``Model.batches`` keeps, for
 the last batches, how many requests each carried and how late its wait noticed the GPU's end
-(``BatchStats``): the two things a way of waiting can change here.
+(``BatchStats``): the two things a way of waiting can change here; and where each request's
+time in the server went (``REQUEST_PHASES``).
+
+A finished batch's answers go out ``answers_per_turn`` at a time, one loop iteration apart: the
+fewer per turn, the sooner the loop looks at a health check that arrived meanwhile, but each
+answer waits a whole iteration more per turn before it (``benchmarks/results/serving.md``
+measures the trade).
 
 How a request waits for its batch (``mode``):
 
@@ -26,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import itertools
 import math
 import time
 from collections import deque
@@ -42,10 +49,16 @@ HUNG_AFTER = 10.0  # seconds a batch may take before /health reports the server 
 
 
 def server_arguments(description: str) -> argparse.Namespace:
-    """The example servers' command line: ``--mode`` and ``--port``."""
+    """The example servers' command line: ``--mode``, ``--port`` and ``--answers-per-turn``."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--mode", choices=MODES, default="aiogpu")
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument(
+        "--answers-per-turn",
+        type=int,
+        default=1,
+        help="a batch's answers handed out per loop iteration (0: all at once); see Model",
+    )
     return parser.parse_args()
 
 
@@ -53,24 +66,33 @@ class BatchStats:
     """The last 10,000 batches run: how many requests each carried, how long its wait took
     (from its launch to its task running again) and how much of that came after the GPU had
     finished it (*late*: the wait less the GPU's own time from the launch to the batch's end,
-    timed with events); and the CPU the loop's thread and the whole process took meanwhile.
+    timed with events); where the last 10,000 requests answered spent their time in the server
+    (``REQUEST_PHASES``); and the CPU the loop's thread and the whole process took meanwhile.
     Used from the loop's thread only."""
 
     def __init__(self) -> None:
         self._batches: deque[tuple[int, float, float]] = deque(maxlen=10_000)
+        self._requests: deque[tuple[float, ...]] = deque(maxlen=10_000)
         self._since = _clocks()
 
     def add(self, size: int, wait: float, gpu: float) -> None:
         """One batch of ``size`` requests, waited for ``wait`` seconds, ``gpu`` of which the GPU ran it."""
         self._batches.append((size, wait, wait - gpu))
 
+    def add_request(self, request: _Request, returned: float) -> None:
+        """One request answered, its handler running again at ``returned`` (``time.perf_counter()``)."""
+        marks = (request.arrived, request.launched, request.resumed, request.answered, returned)
+        self._requests.append((*(later - earlier for earlier, later in itertools.pairwise(marks)), returned - request.arrived))
+
     def clear(self) -> None:
         self._batches.clear()
+        self._requests.clear()
         self._since = _clocks()
 
     def summary(self) -> dict[str, float | None]:
         """``{"batches", "mean_size", "wait_p50_ms", "wait_p99_ms", "late_p50_ms", "late_p99_ms",
-        "loop_cores", "cores"}`` (the batches' figures ``None`` before any batch; the cores are
+        "loop_cores", "cores"}``, and ``PHASE_p50_ms`` and ``PHASE_p99_ms`` for each of
+        ``REQUEST_PHASES`` (the batches' and requests' figures ``None`` before any; the cores are
         CPU time over wall time since the last ``clear``)."""
         sizes = [size for size, _, _ in self._batches]
         wall, loop_cpu, cpu = (now - then for now, then in zip(_clocks(), self._since, strict=True))
@@ -80,11 +102,19 @@ class BatchStats:
             "loop_cores": loop_cpu / wall,
             "cores": cpu / wall,
         }
-        for column, name in ((1, "wait"), (2, "late")):
-            ordered = sorted(batch[column] for batch in self._batches)
+        columns = [("wait", self._batches, 1), ("late", self._batches, 2)]
+        columns += [(name, self._requests, index) for index, name in enumerate(REQUEST_PHASES)]
+        for name, rows, column in columns:
+            ordered = sorted(row[column] for row in rows)
             for label, share in (("p50", 0.5), ("p99", 0.99)):
                 summary[f"{name}_{label}_ms"] = ordered[round(share * (len(ordered) - 1))] * 1e3 if ordered else None
         return summary
+
+
+#: Where a request's time in the server goes: until its batch is launched, the batch's wait for
+#: the GPU (launch to its task running again), until its answer is set (the batch's answers go
+#: out one per loop iteration), until its handler runs again, and all of it.
+REQUEST_PHASES = ("queued", "batch_wait", "answering", "resuming", "in_app")
 
 
 def _clocks() -> tuple[float, float, float]:
@@ -96,15 +126,28 @@ def _clocks() -> tuple[float, float, float]:
 class _Request:
     tokens: list[int]
     answer: asyncio.Future[list[float]] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    arrived: float = field(default_factory=time.perf_counter)  # these four: time.perf_counter()
+    launched: float = 0.0  # its batch's work enqueued
+    resumed: float = 0.0  # its batch's task running again after the wait
+    answered: float = 0.0  # its answer set
 
 
 class Model:
     def __init__(
-        self, mode: str = "aiogpu", *, max_batch: int = 32, batch_window: float = 0.002, streams_per_device: int = 2
+        self,
+        mode: str = "aiogpu",
+        *,
+        max_batch: int = 32,
+        batch_window: float = 0.002,
+        streams_per_device: int = 2,
+        answers_per_turn: int = 1,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if answers_per_turn < 0:
+            raise ValueError(f"answers_per_turn must be 0 (all at once) or more, got {answers_per_turn}")
         self.mode = mode
+        self.answers_per_turn = answers_per_turn
         self.max_batch = max_batch
         self.batch_window = batch_window
         try:
@@ -144,12 +187,16 @@ class Model:
             self._full.set()
         if self._batcher is None:
             self._batcher = asyncio.create_task(self._batch_forever())
-        return await request.answer
+        outputs = await request.answer
+        self.batches.add_request(request, time.perf_counter())
+        return outputs
 
     def close(self) -> None:
-        """Free the graphs' buffers, then the streams. The order matters: torch's pinned-memory
-        allocator records an event on every stream a buffer was used on when it frees the buffer,
-        and on a destroyed stream that crashes the process."""
+        """Stop taking batches; free the graphs' buffers, then the streams. The order matters:
+        torch's pinned-memory allocator records an event on every stream a buffer was used on
+        when it frees the buffer, and on a destroyed stream that crashes the process."""
+        if self._batcher is not None:
+            self._batcher.cancel()
         self._graph_of.clear()
         self._graphs.clear()
         self.streams.close()
@@ -200,7 +247,8 @@ class Model:
                 done.synchronize()
             else:
                 await asyncio.to_thread(done.synchronize)
-            waited = time.perf_counter() - launched
+            resumed = time.perf_counter()
+            waited = resumed - launched
             self.batches.add(len(batch), waited, started.elapsed_time(done) / 1e3)
             started.close()
             done.close()
@@ -213,11 +261,14 @@ class Model:
         finally:
             self.streams.release(stream)
         self.batches_run += 1
-        for request, answer in zip(batch, answers, strict=True):
+        per_turn = self.answers_per_turn or len(batch)
+        for index, (request, answer) in enumerate(zip(batch, answers, strict=True)):
             if not request.answer.done():
+                request.launched, request.resumed, request.answered = launched, resumed, time.perf_counter()
                 request.answer.set_result(answer)
-                # One response at a time: the loop looks for new requests (a health check) between
-                # them, instead of serializing the whole batch's responses in one burst.
+            if index % per_turn == per_turn - 1:
+                # The answered requests' handlers write their responses in the next iteration; the
+                # loop looks for new requests (a health check) before the next few are answered.
                 await asyncio.sleep(0)
 
     def _enqueue(self, stream: aiogpu.Stream, graph: _Graph | None, batch: list[_Request]):  # type: ignore[no-untyped-def]
