@@ -113,7 +113,7 @@ class BatchStats:
 
 #: Where a request's time in the server goes: until its batch is launched, the batch's wait for
 #: the GPU (launch to its task running again), until its answer is set (the batch's answers go
-#: out one per loop iteration), until its handler runs again, and all of it.
+#: out ``answers_per_turn`` a loop iteration), until its handler runs again, and all of it.
 REQUEST_PHASES = ("queued", "batch_wait", "answering", "resuming", "in_app")
 
 
