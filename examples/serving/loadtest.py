@@ -10,14 +10,17 @@ seconds at a time (``benchmarks/README.md``). The load comes from ``--clients`` 
 aiohttp clients, and a separate process asks ``/health`` every 10 ms, so neither the clients'
 work nor their event loop's delays count in the server's figures. ``--engine LABEL=TREE`` adds a
 server that waits like ``aiogpu`` with aiogpu imported from another source tree (mode
-``aiogpu@LABEL``): two engines compared in one run, on one machine. It reports requests per
-second, request latency p50 / p99, ``/health`` p99 and the server's ``/stats`` over the phase
-(batches, requests a batch, how late the waits were, CPU), prints them per phase and writes JSON
-to ``--out``.
+``aiogpu@LABEL``): two engines compared in one run, on one machine. ``--answers-per-turn`` sets
+how many of a batch's answers every server hands out per loop iteration; ``--also-answers-per-turn
+N`` adds an ``aiogpu`` server that hands out ``N`` (mode ``aiogpu@N-a-turn``, or
+``aiogpu@all-at-once`` for 0). It reports requests per second, request latency p50 / p99,
+``/health`` p99 and the server's ``/stats`` over the phase (batches, requests a batch, how late the
+waits were, where each request's time in the server went, CPU), prints them per phase and writes
+JSON to ``--out``.
 
 Run:  python examples/serving/loadtest.py [--server fastapi|aiohttp] [--repeats 3] [--seconds 10]
           [--rate 1000] [--modes aiogpu aiogpu-thread to_thread blocking] [--engine LABEL=TREE]
-          [--answers-per-turn 1]
+          [--answers-per-turn 1] [--also-answers-per-turn N ...]
 """
 
 # /// script
@@ -168,6 +171,11 @@ async def run_phase(
     }
 
 
+def answers_variant(answers_per_turn: int) -> str:
+    """The mode of an ``aiogpu`` server that hands out ``answers_per_turn`` answers a loop turn."""
+    return f"aiogpu@{answers_per_turn}-a-turn" if answers_per_turn else "aiogpu@all-at-once"
+
+
 def start_server(
     server_kind: str, mode: str, port: int, engine_trees: dict[str, str], answers_per_turn: int
 ) -> subprocess.Popen[bytes]:
@@ -220,11 +228,13 @@ def capacity_ratio(rows: list[dict[str, object]], mode: str, reference: str) -> 
 async def main(arguments: argparse.Namespace) -> None:
     print(
         f"{arguments.server} server, {arguments.concurrency} connections from {arguments.clients} client processes, "
-        f"{arguments.seconds:g} s per phase, {arguments.answers_per_turn or 'all'} answers per loop turn",
+        f"{arguments.seconds:g} s per phase, answers per loop turn: {arguments.answers_per_turn or 'all'}",
         flush=True,
     )
     engine_trees = engines(arguments.engine)
-    modes: list[str] = arguments.modes + list(engine_trees)
+    variants = {answers_variant(n): n for n in arguments.also_answers_per_turn}  # aiogpu servers
+    answers_per_turn = dict.fromkeys(arguments.modes + list(engine_trees), arguments.answers_per_turn) | variants
+    modes = list(answers_per_turn)
     spawn = multiprocessing.get_context("spawn")  # clean processes: no copy of this one's state
     client_cpus = cpu_list(arguments.client_cpus)
     servers: dict[str, tuple[int, subprocess.Popen[bytes]]] = {}
@@ -232,7 +242,8 @@ async def main(arguments: argparse.Namespace) -> None:
     try:
         for mode in modes:  # side by side: they load torch and capture their graphs together
             port = free_port()
-            servers[mode] = port, start_server(arguments.server, mode, port, engine_trees, arguments.answers_per_turn)
+            server_mode_ = "aiogpu" if mode in variants else mode
+            servers[mode] = port, start_server(arguments.server, server_mode_, port, engine_trees, answers_per_turn[mode])
             pin(servers[mode][1].pid, cpu_list(arguments.server_cpus))
         for port, server in servers.values():
             await asyncio.to_thread(wait_until_healthy, port, server)
@@ -246,7 +257,7 @@ async def main(arguments: argparse.Namespace) -> None:
     for row in rows:
         row["server"] = where[row["mode"]]  # type: ignore[index]
     for reference in ("to_thread", "blocking"):
-        for mode in ("aiogpu", *engine_trees):
+        for mode in ("aiogpu", *engine_trees, *variants):
             if mode in modes and reference in modes:
                 ratio = capacity_ratio(rows, mode, reference)
                 print(f"{mode} / {reference} capacity: {ratio:.2f}x (median of {arguments.repeats})", flush=True)
@@ -258,7 +269,7 @@ async def main(arguments: argparse.Namespace) -> None:
                     "server": arguments.server,
                     "concurrency": arguments.concurrency,
                     "clients": arguments.clients,
-                    "answers_per_turn": arguments.answers_per_turn,
+                    "answers_per_turn": answers_per_turn,
                     "engines": engine_trees,
                     "rows": rows,
                 },
@@ -279,6 +290,14 @@ if __name__ == "__main__":
     parser.add_argument("--rate", type=float, default=1000.0, help="requests per second of the bounded phase")
     parser.add_argument(
         "--answers-per-turn", type=int, default=1, help="the servers' --answers-per-turn (0: a batch's all at once)"
+    )
+    parser.add_argument(
+        "--also-answers-per-turn",
+        type=int,
+        nargs="*",
+        default=[],
+        metavar="N",
+        help="also run an aiogpu server with --answers-per-turn N, as mode aiogpu@N-a-turn (aiogpu@all-at-once for 0)",
     )
     parser.add_argument("--server-cpus", help='pin the servers to these CPUs ("0-7"; default: no pinning)')
     parser.add_argument("--client-cpus", help='pin the client processes to these CPUs ("8-15")')

@@ -16,8 +16,8 @@ time in the server went (``REQUEST_PHASES``).
 
 A finished batch's answers go out ``answers_per_turn`` at a time, one loop iteration apart: the
 fewer per turn, the sooner the loop looks at a health check that arrived meanwhile, but each
-answer waits a whole iteration more per turn before it (``benchmarks/results/serving.md``
-measures the trade).
+group of answers waits one loop iteration more than the group before it
+(``benchmarks/results/serving.md`` measures the trade).
 
 How a request waits for its batch (``mode``):
 
@@ -55,11 +55,17 @@ def server_arguments(description: str) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument(
         "--answers-per-turn",
-        type=int,
+        type=_answers_per_turn,
         default=1,
         help="a batch's answers handed out per loop iteration (0: all at once); see Model",
     )
     return parser.parse_args()
+
+
+def _answers_per_turn(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected 0 (all at once) or a positive count, got {text!r}")
+    return int(text)
 
 
 class BatchStats:
@@ -113,7 +119,7 @@ class BatchStats:
 
 #: Where a request's time in the server goes: until its batch is launched, the batch's wait for
 #: the GPU (launch to its task running again), until its answer is set (the batch's answers go
-#: out ``answers_per_turn`` a loop iteration), until its handler runs again, and all of it.
+#: out ``answers_per_turn`` per loop iteration), until its handler runs again, and all of it.
 REQUEST_PHASES = ("queued", "batch_wait", "answering", "resuming", "in_app")
 
 
@@ -127,7 +133,7 @@ class _Request:
     tokens: list[int]
     answer: asyncio.Future[list[float]] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     arrived: float = field(default_factory=time.perf_counter)  # these four: time.perf_counter()
-    launched: float = 0.0  # its batch's work enqueued
+    launched: float = 0.0  # its batch about to be enqueued (the batch wait counts from here)
     resumed: float = 0.0  # its batch's task running again after the wait
     answered: float = 0.0  # its answer set
 
