@@ -59,7 +59,7 @@ from loadtools import (  # noqa: E402
     stop_server,
     wait_until_healthy,
 )
-from model import REQUEST_PHASES  # noqa: E402  (beside this file)
+from model import REQUEST_PHASES, answers_per_turn_argument  # noqa: E402  (beside this file)
 
 MODES = ("aiogpu", "aiogpu-thread", "to_thread", "blocking")
 START_MARGIN = 1.0  # seconds for the worker processes to be ready before a phase starts
@@ -289,11 +289,14 @@ if __name__ == "__main__":
     parser.add_argument("--clients", type=int, default=2, help="client processes generating the load")
     parser.add_argument("--rate", type=float, default=1000.0, help="requests per second of the bounded phase")
     parser.add_argument(
-        "--answers-per-turn", type=int, default=1, help="the servers' --answers-per-turn (0: a batch's all at once)"
+        "--answers-per-turn",
+        type=answers_per_turn_argument,
+        default=1,
+        help="the servers' --answers-per-turn (0: a batch's all at once)",
     )
     parser.add_argument(
         "--also-answers-per-turn",
-        type=int,
+        type=answers_per_turn_argument,
         nargs="*",
         default=[],
         metavar="N",

@@ -55,14 +55,15 @@ def server_arguments(description: str) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument(
         "--answers-per-turn",
-        type=_answers_per_turn,
+        type=answers_per_turn_argument,
         default=1,
         help="a batch's answers handed out per loop iteration (0: all at once); see Model",
     )
     return parser.parse_args()
 
 
-def _answers_per_turn(text: str) -> int:
+def answers_per_turn_argument(text: str) -> int:
+    """An ``--answers-per-turn`` value: 0 (all at once) or a positive count."""
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"expected 0 (all at once) or a positive count, got {text!r}")
     return int(text)
